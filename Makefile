@@ -1,0 +1,45 @@
+# Every target bootstraps .venv idempotently; the stamp file is refreshed when pyproject.toml changes.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+
+.PHONY: setup quickstart test test-unit test-slow bwrap clean
+
+setup: $(STAMP) bwrap
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+ifneq ($(HAS_GPU),yes)
+	# No GPU: take the CPU build of torch first so the project install does not pull a CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+endif
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+bwrap:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap (sandbox isolation)"; \
+	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)); \
+	  else echo "warning: bubblewrap missing and not root; the sandbox will refuse to start without --allow-unsafe"; fi; \
+	fi
+
+quickstart: setup
+	$(BIN)/agentrl quickstart
+
+test: setup
+	$(BIN)/python -m pytest -q -rs tests
+
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

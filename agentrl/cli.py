@@ -1,0 +1,57 @@
+"""The `agentrl` command.
+
+Every subcommand lives in the module that owns the concept; this file only lists them. A command module exposes
+`add_commands(subparsers)`; a benchmark module exposes `add_arguments(parser)` and `run(args) -> int`. Command
+modules import heavy libraries (torch, transformers, ray) inside their handlers so `agentrl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Explicit list, no discovery: a command appears here when its module exists and works.
+COMMAND_MODULES: list[str] = [
+]
+
+# `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).
+BENCH_MODULES: dict[str, str] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentrl",
+        description="Train tool-using LLM agents with reinforcement learning.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
+    if BENCH_MODULES:
+        bench = sub.add_parser("bench", help="measure throughput and latency (prints side-by-side ratios)")
+        bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+        for bench_name, module_name in BENCH_MODULES.items():
+            module = importlib.import_module(module_name)
+            doc = (module.__doc__ or "").strip().splitlines()
+            p = bench_sub.add_parser(bench_name, help=doc[0] if doc else None)
+            module.add_arguments(p)
+            p.set_defaults(func=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import QWEN2_TOKENIZER_DIR  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def qwen2_tokenizer_dir() -> Path:
+    """The real Qwen2 tokenizer with the Qwen2.5 tool-calling template (../shared/data/qwen2-tokenizer)."""
+    if not (QWEN2_TOKENIZER_DIR / "tokenizer_config.json").is_file():
+        pytest.fail(f"{QWEN2_TOKENIZER_DIR} is missing: the shared/ folder must sit beside the repository")
+    return QWEN2_TOKENIZER_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny Qwen2-architecture model + tokenizer, built once per test session (offline, seeded)."""
+    from agentrl.models.tiny import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    build_tiny_model(out, size="tiny", seed=0)
+    return out

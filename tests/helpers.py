@@ -1,0 +1,66 @@
+"""Test helpers: free loopback ports and real service processes that always shut down."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO_ROOT.parent / "shared"
+QWEN2_TOKENIZER_DIR = SHARED_DIR / "data" / "qwen2-tokenizer"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll `url` until it answers 2xx; fail early if `proc` died."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            raise RuntimeError(f"service exited with code {proc.returncode} before {url} answered:\n{out[-4000:]}")
+        try:
+            r = httpx.get(url, timeout=2.0)
+            if r.status_code < 300:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = repr(e)
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s (last: {last})")
+
+
+@contextlib.contextmanager
+def service(args: list[str], health_url: str, timeout: float = 60.0, env: dict | None = None) -> Iterator[subprocess.Popen]:
+    """Run `python -m ...`-style `args` as a subprocess in its own process group; kill the group on exit."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(args if args[0] != "python" else [sys.executable, *args[1:]], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT, start_new_session=True)
+    try:
+        wait_http(health_url, timeout=timeout, proc=proc)
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
