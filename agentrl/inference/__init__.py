@@ -1,0 +1,23 @@
+"""Rollout engines: the Engine protocol, the embedded LocalEngine and the SGLang client."""
+
+from __future__ import annotations
+
+from agentrl.inference.base import Engine, EngineError, PromptTooLongError
+from agentrl.inference.config import EngineConfig
+
+
+def make_engine(config: EngineConfig, model_path: str) -> Engine:
+    """Build the engine `config.backend` names. `model_path` is the HF model dir the local engine loads
+    (the SGLang servers were launched with their own --model-path)."""
+    if config.backend == "local":
+        from agentrl.inference.local import LocalEngine
+
+        return LocalEngine.from_pretrained(model_path, config)
+    if config.backend == "sglang":
+        from agentrl.inference.sglang import SGLangEngine
+
+        return SGLangEngine(config.urls, config)
+    raise ValueError(f"engine.backend {config.backend!r} is not 'local' or 'sglang'")
+
+
+__all__ = ["Engine", "EngineError", "PromptTooLongError", "EngineConfig", "make_engine"]
