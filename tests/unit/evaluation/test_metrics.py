@@ -46,3 +46,14 @@ def test_tool_error_rates_and_per_source_breakdown():
     assert s["avg_turns"] == pytest.approx(2.5)
     assert s["by_data_source"]["calc"]["pass@1"] == 1.0
     assert s["by_data_source"]["lookup"]["pass@1"] == 0.0
+
+
+def test_markdown_report_compares_two_models_per_source():
+    from agentrl.evaluation.report import markdown_report
+
+    before = summarize([ep("a", 0.0), ep("b", 1.0, source="lookup")], ks=(1,))
+    after = summarize([ep("a", 1.0), ep("b", 1.0, source="lookup")], ks=(1,))
+    md = markdown_report("held-out", {"after SFT": before, "after GRPO": after})
+    assert "| metric | after SFT | after GRPO |" in md
+    assert "| pass@1 | 50.0% | 100.0% |" in md
+    assert "## calc" in md and "## lookup" in md

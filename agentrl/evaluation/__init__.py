@@ -1,0 +1,1 @@
+"""Held-out evaluation: run the agent loop on a suite, score it, write eval.json and a Markdown summary."""
