@@ -1,0 +1,403 @@
+"""LocalEngine: a transformers causal LM behind the Engine protocol, with continuous batching on CPU/one GPU.
+
+Why our own scheduler: transformers 5.x ships continuous batching (`generate_batch`,
+`ContinuousBatchingManager`), but it samples with one global `do_sample` switch and the global torch RNG (no
+per-request greedy/sampling mix, no per-request seed), its logprobs are taken after top-k/top-p processing
+(not the trainer's `log_softmax(logits / T)`), and it has no stop strings. RL needs all of those exactly.
+
+How it works: `generate()` is called from many coroutines; each call enqueues a request and awaits a future.
+One decode thread (off the event loop, so tool calls keep being serviced while the model runs) loops:
+
+1. drop aborted rows; admit waiting requests into free slots (up to `max_batch_size` rows and
+   `max_prefill_tokens` prompt tokens per step); each is prefilled alone and its first token sampled;
+2. one forward pass decodes one token for every running row over a left-padded KV cache (`kv_batch.py`);
+3. finished rows (stop token, EOS, stop string, max_new_tokens, context full) resolve their futures and leave.
+
+Weight updates take the same lock as a scheduler step, so they land between steps: a request may finish on new
+weights, but no step mixes weights. `weight_version` is reported in `Generation.metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from agentrl.inference.base import EngineError, PromptTooLongError
+from agentrl.inference.config import EngineConfig
+from agentrl.inference.kv_batch import PaddedKVBatch
+from agentrl.inference.sampling import make_generator, sample_batch
+from agentrl.types import Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    max_new: int  # max_new_tokens clamped so prompt + output fits max_model_len
+    stop_ids: frozenset[int]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    generator: torch.Generator | None
+    t_submit: float
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    aborted: bool = False
+    t_start: float = 0.0
+    weight_version_start: int = 0
+    length_clamped: bool = False
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+class LocalEngine:
+    """Embedded rollout engine. Construct with `from_pretrained(path, config)` or from a loaded model."""
+
+    def __init__(self, model, tokenizer=None, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        model_max = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        self.max_model_len = self.config.max_model_len or model_max
+        if self.max_model_len < 2:
+            raise ValueError("cannot tell the model's context length: set engine.max_model_len")
+        if model_max and self.max_model_len > model_max:
+            raise ValueError(f"engine.max_model_len={self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={model_max}")
+        self.vocab_size = int(model.config.vocab_size)
+        self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
+        self.weight_version = 0
+        self._ids = itertools.count()
+        self._cv = threading.Condition()  # guards _waiting, _closed and request.aborted
+        self._step_lock = threading.Lock()  # one scheduler step or one weight update at a time
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._by_id: dict[str, _Request] = {}
+        self._closed = False
+        self._batch = PaddedKVBatch()
+        self.stats = {"steps": 0, "prefills": 0, "max_rows": 0, "max_token_slots": 0}
+        self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> "LocalEngine":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        config = config or EngineConfig()
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); "
+                                    f"build one with `agentrl init-model` or pass a downloaded model dir")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype]).to(config.device)
+        return cls(model, tokenizer, config)
+
+    # ------------------------------------------------------------------ public API (event-loop side)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    async def generate(self, input_ids: list[int], params: SamplingParams, *, session_id: str | None = None,
+                       request_id: str | None = None) -> Generation:
+        """Continue `input_ids`; see `agentrl.inference.base.Engine.generate`.
+
+        `request_id` names the request for `abort(request_id)`. Cancelling the awaiting task aborts the request
+        and frees its slot. `session_id` is accepted for protocol compatibility (one engine: no routing).
+        """
+        request = self._make_request(list(input_ids), params, request_id)
+        with self._cv:
+            if self._closed:
+                raise EngineError("LocalEngine is closed; create a new engine")
+            if len(self._waiting) >= self.config.max_queued_requests:
+                raise EngineError(f"LocalEngine queue full: {len(self._waiting)} requests waiting "
+                                  f"(engine.max_queued_requests={self.config.max_queued_requests}); lower the "
+                                  f"rollout concurrency or raise the limit")
+            if request.rid in self._by_id:
+                raise ValueError(f"request_id {request.rid!r} is already in flight")
+            self._by_id[request.rid] = request
+            self._waiting.append(request)
+            self._cv.notify()
+        try:
+            return await asyncio.shield(request.future)
+        except asyncio.CancelledError:
+            self.abort(request.rid)
+            raise
+
+    def _make_request(self, input_ids: list[int], params: SamplingParams, request_id: str | None) -> _Request:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be agentrl.types.SamplingParams, got {type(params).__name__}")
+        if not input_ids:
+            raise ValueError("input_ids is empty: the prompt needs at least one token")
+        bad = [t for t in input_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids holds {len(bad)} ids outside [0, {self.vocab_size}) (vocab size), "
+                             f"e.g. {bad[0]!r}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: build the engine with LocalEngine.from_pretrained "
+                             "or pass tokenizer=")
+        if len(input_ids) >= self.max_model_len:
+            raise PromptTooLongError(f"prompt has {len(input_ids)} tokens but the context window "
+                                     f"(max_model_len) is {self.max_model_len}: at least one token must be left "
+                                     f"to generate; shorten the prompt or raise engine.max_model_len")
+        room = self.max_model_len - len(input_ids)
+        loop = asyncio.get_running_loop()
+        return _Request(
+            rid=request_id or f"local-{next(self._ids)}",
+            prompt=input_ids, params=params, max_new=min(params.max_new_tokens, room),
+            stop_ids=frozenset(params.stop_token_ids) | self.eos_token_ids,
+            loop=loop, future=loop.create_future(),
+            generator=make_generator(params.seed) if params.temperature > 0 else None,
+            t_submit=time.perf_counter(), length_clamped=params.max_new_tokens > room,
+        )
+
+    def abort(self, request_id: str) -> bool:
+        """Finish `request_id` with finish_reason "abort" (partial output kept). False if it is unknown/done."""
+        with self._cv:
+            request = self._by_id.get(request_id)
+            if request is None:
+                return False
+            request.aborted = True
+            self._cv.notify()
+            return True
+
+    def abort_all(self) -> int:
+        """Abort every waiting and running request; returns how many were aborted."""
+        with self._cv:
+            for request in self._by_id.values():
+                request.aborted = True
+            self._cv.notify()
+            return len(self._by_id)
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
+        """Load new weights between scheduler steps: a state dict, or a HF model directory on disk."""
+        await asyncio.to_thread(self.update_weights_sync, weights)
+
+    def update_weights_sync(self, weights: Mapping[str, torch.Tensor] | str | Path) -> int:
+        if isinstance(weights, (str, Path)):
+            weights = self._load_state_dict(Path(weights))
+        own = self.model.state_dict()
+        unexpected = [k for k in weights if k not in own]
+        if unexpected:
+            raise ValueError(f"update_weights: {len(unexpected)} names are not parameters of this model, e.g. "
+                             f"{unexpected[:3]} (strip FSDP/DDP prefixes such as '_orig_mod.' or 'module.')")
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        missing = [k for k in own if k not in weights and k not in tied]
+        if missing:
+            raise ValueError(f"update_weights: {len(missing)} parameters are missing from the new weights, "
+                             f"e.g. {missing[:3]}; send the full state dict")
+        for name, tensor in weights.items():
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the model expects "
+                                 f"{tuple(own[name].shape)}")
+        with self._step_lock, torch.no_grad():
+            for name, tensor in weights.items():
+                own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
+            self.weight_version += 1
+        return self.weight_version
+
+    def _load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
+        from transformers import AutoModelForCausalLM
+
+        if not (path / "config.json").is_file():
+            raise ValueError(f"update_weights: {path} is not a Hugging Face model directory (no config.json)")
+        return AutoModelForCausalLM.from_pretrained(path, dtype=self.model.dtype).state_dict()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        """Stop the decode thread; pending requests fail with EngineError("closed")."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=60)
+
+    # ------------------------------------------------------------------ decode thread
+
+    def _run(self) -> None:
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        with torch.inference_mode():
+            while True:
+                with self._cv:
+                    while not self._closed and not self._waiting and not self._running:
+                        self._cv.wait()
+                    if self._closed:
+                        break
+                try:
+                    with self._step_lock:
+                        self._step()
+                except Exception as e:  # thread boundary: fail the batch, keep serving
+                    log.exception("local engine step failed")
+                    self._fail_running(EngineError(f"local engine step failed: {type(e).__name__}: {e}"))
+        self._fail_all(EngineError("LocalEngine was closed while the request was pending"))
+
+    def _step(self) -> None:
+        self._drop_aborted()
+        self._admit()
+        if self._running:
+            self._decode()
+        self.stats["steps"] += 1
+
+    def _drop_aborted(self) -> None:
+        with self._cv:
+            aborted_waiting = [r for r in self._waiting if r.aborted]
+            if aborted_waiting:
+                self._waiting = deque(r for r in self._waiting if not r.aborted)
+        for r in aborted_waiting:
+            self._finish(r, "abort")
+        keep = [i for i, r in enumerate(self._running) if not r.aborted]
+        if len(keep) != len(self._running):
+            for r in self._running:
+                if r.aborted:
+                    self._finish(r, "abort")
+            self._running = [self._running[i] for i in keep]
+            self._batch.keep(keep)
+
+    def _admit(self) -> None:
+        budget = self.config.max_prefill_tokens
+        admitted: list[_Request] = []
+        with self._cv:
+            while self._waiting and len(self._running) + len(admitted) < self.config.max_batch_size:
+                nxt = self._waiting[0]
+                if admitted and len(nxt.prompt) > budget:
+                    break
+                budget -= len(nxt.prompt)
+                admitted.append(self._waiting.popleft())
+        caches, lengths, joined = [], [], []
+        for r in admitted:
+            r.t_start = time.perf_counter()
+            r.weight_version_start = self.weight_version
+            cache, logits = self._prefill(r.prompt)
+            self.stats["prefills"] += 1
+            (token,), (logprob,) = sample_batch(logits, [r.params], [r.generator])
+            if self._append(r, token, logprob):
+                continue
+            caches.append(cache)
+            lengths.append(len(r.prompt))
+            joined.append(r)
+        self._batch.add(caches, lengths)
+        self._running.extend(joined)
+
+    def _prefill(self, prompt: list[int]):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache, out.logits[:, -1, :].float().cpu()
+
+    def _decode(self) -> None:
+        mask_B_L, pos_B_1 = self._batch.step_inputs()
+        ids_B_1 = torch.tensor([[r.out_ids[-1]] for r in self._running], dtype=torch.long)
+        out = self.model(input_ids=ids_B_1.to(self.device), attention_mask=mask_B_L.to(self.device),
+                         position_ids=pos_B_1.to(self.device), past_key_values=self._batch.cache, use_cache=True)
+        self._batch.advance()
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(self._running))
+        self.stats["max_token_slots"] = max(self.stats["max_token_slots"], self._batch.token_slots())
+        logits_B_V = out.logits[:, -1, :].float().cpu()
+        tokens, logprobs = sample_batch(logits_B_V, [r.params for r in self._running],
+                                        [r.generator for r in self._running])
+        keep = [i for i, (r, t, lp) in enumerate(zip(self._running, tokens, logprobs)) if not self._append(r, t, lp)]
+        if len(keep) != len(self._running):
+            self._running = [self._running[i] for i in keep]
+            self._batch.keep(keep)
+
+    def _append(self, r: _Request, token: int, logprob: float) -> bool:
+        """Record a sampled token; finish the request and return True if it is done."""
+        r.out_ids.append(token)
+        r.out_logprobs.append(logprob)
+        if token in r.stop_ids or (r.params.stop and self._hit_stop_string(r)):
+            self._finish(r, "stop")
+            return True
+        if len(r.out_ids) >= r.max_new:
+            self._finish(r, "length")
+            return True
+        return False
+
+    def _hit_stop_string(self, r: _Request) -> bool:
+        # Only the tail can hold a new match (an earlier one would have stopped the request); 4 tokens per
+        # character covers byte-level tokens of multi-byte characters.
+        tail = r.out_ids[-(4 * max(len(s) for s in r.params.stop) + 4):]
+        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+        return any(s and s in text for s in r.params.stop)
+
+    def _finish(self, r: _Request, reason: str) -> None:
+        now = time.perf_counter()
+        gen = Generation(
+            token_ids=list(r.out_ids), logprobs=list(r.out_logprobs), finish_reason=reason,
+            metrics={
+                "prompt_tokens": len(r.prompt), "completion_tokens": len(r.out_ids),
+                "queue_s": (r.t_start or now) - r.t_submit, "latency_s": now - r.t_submit,
+                "weight_version": self.weight_version, "weight_version_start": r.weight_version_start,
+                "length_clamped_to_context": r.length_clamped,
+            },
+        )
+        with self._cv:
+            self._by_id.pop(r.rid, None)
+        _post(r, gen, None)
+
+    def _fail_running(self, error: EngineError) -> None:
+        for r in self._running:
+            with self._cv:
+                self._by_id.pop(r.rid, None)
+            _post(r, None, error)
+        self._running = []
+        self._batch = PaddedKVBatch()
+
+    def _fail_all(self, error: EngineError) -> None:
+        self._fail_running(error)
+        with self._cv:
+            waiting, self._waiting = list(self._waiting), deque()
+            self._by_id.clear()
+        for r in waiting:
+            _post(r, None, error)
+
+
+def _post(r: _Request, result: Any, error: BaseException | None) -> None:
+    try:
+        r.loop.call_soon_threadsafe(_resolve, r.future, result, error)
+    except RuntimeError:  # the caller's event loop is already closed: nobody is waiting for the result
+        pass
+
+
+def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+__all__ = ["LocalEngine"]

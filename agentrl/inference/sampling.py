@@ -1,0 +1,72 @@
+"""Per-row sampling for a decode batch: pure functions over logits.
+
+Definitions shared with the trainer (`agentrl.trainer.algos.logprobs_from_logits`):
+the logprob of a sampled token is `log_softmax(logits / T)[token]`, taken *before* top-k/top-p filtering.
+Temperature 0 means greedy (argmax of the raw logits) and its logprobs are reported under T = 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentrl.types import SamplingParams
+
+
+def effective_temperature(temperature: float) -> float:
+    """The temperature logprobs are computed under: T itself, or 1.0 for greedy (T = 0)."""
+    return temperature if temperature > 0 else 1.0
+
+
+def scaled_logprobs(logits_B_V: torch.Tensor, temperatures_B: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits / T) per row in fp32. `temperatures_B` must already be effective (> 0)."""
+    return torch.log_softmax(logits_B_V.float() / temperatures_B.unsqueeze(-1), dim=-1)
+
+
+def filter_top_k_top_p(logits_V: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set every token outside the top-k / nucleus (top-p) set to -inf. Always keeps the most likely token."""
+    if top_k > 0 and top_k < logits_V.numel():
+        kth = torch.topk(logits_V, top_k).values[-1]
+        logits_V = logits_V.masked_fill(logits_V < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits_V, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the mass of the tokens strictly before it already reaches top_p
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop_sorted[0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        logits_V = logits_V.masked_fill(drop, float("-inf"))
+    return logits_V
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A private RNG per request: seeded requests reproduce regardless of what else is in the batch."""
+    g = torch.Generator(device="cpu")
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+def sample_batch(logits_B_V: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
+    """Pick one token per row. Returns (token ids, their logprobs under log_softmax(logits / T)).
+
+    logits_B_V: last-position logits of the batch, any float dtype (computed in fp32).
+    params[i] / generators[i]: the row's sampling parameters and private RNG (None for greedy rows).
+    """
+    logits_B_V = logits_B_V.float()
+    temps_B = torch.tensor([effective_temperature(p.temperature) for p in params], dtype=torch.float32)
+    logp_B_V = scaled_logprobs(logits_B_V, temps_B)
+    tokens_B = torch.argmax(logits_B_V, dim=-1)
+    for i, p in enumerate(params):
+        if p.temperature <= 0:
+            continue
+        row = filter_top_k_top_p(logits_B_V[i] / temps_B[i], p.top_k, p.top_p)
+        probs = torch.softmax(row, dim=-1)
+        tokens_B[i] = torch.multinomial(probs, 1, generator=generators[i]).item()
+    chosen = logp_B_V.gather(1, tokens_B.unsqueeze(-1)).squeeze(-1)
+    return tokens_B.tolist(), chosen.tolist()
+
+
+__all__ = ["effective_temperature", "scaled_logprobs", "filter_top_k_top_p", "make_generator", "sample_batch"]
