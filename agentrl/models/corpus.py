@@ -33,6 +33,51 @@ during today others however sure means knew try told young miles sun ways thing 
 change answer room sea against top turned learn point city play toward five using himself usually question
 answer result value total sum product difference quotient compute calculate search find tool call function
 return python code error output input file data list string integer float true false none null agent model
+able accept account across action activity actually add address admit adult affect afraid agree ahead allow
+already although among amount analysis animal appear apply approach area argue arm army arrive article artist
+assume attack attention available avoid baby bad bag ball bank bar base beat beautiful become bed behavior
+believe benefit beyond bill bit black blood blue board body book born box break bring brother budget build
+building business buy camera campaign cancer candidate capital car card care career carry case catch cause
+cell center central century certain chair challenge chance character charge check child choice choose church
+citizen civil claim class clear close coach cold collection college color commercial common community company
+compare computer concern condition conference congress consider consumer contain continue control cost could
+couple course court cover create crime cultural culture cup current customer cut dark daughter dead deal death
+debate decade decide decision deep defense degree democrat describe design despite detail determine develop
+die diet difficult dinner direction director discover discuss disease doctor dog door draw dream drive drop
+drug early east easy eat economic economy edge education effect effort eight either election else employee
+energy enjoy enter entire environment especially establish evening event everybody everyone evidence exactly
+exist expect experience expert explain eye face fact factor fail fall family fast fear federal feel feeling
+field fight figure fill film final finally financial fine finger finish fire firm fish floor fly focus follow
+foot force foreign forget former forward free friend front full fund future game garden gas general
+generation girl glass goal government green ground group grow growth guess gun guy hair half hang happen happy
+health heart heat heavy history hit hold hope hospital hot hotel hour huge human hundred husband idea identify
+image imagine impact improve include increase indeed indicate individual industry information inside instead
+institution interest interesting international interview investment involve issue item itself job join
+kitchen knowledge lake language late later laugh law lawyer lay lead leader learn least leave legal less
+letter level lie likely listen little local lose loss lot love low machine magazine main maintain major
+majority manage management manager market marriage material matter maybe measure media medical meet meeting
+member memory mention message method middle military million mind minute miss mission modern moment money
+month morning mouth move movement movie music myself nation national natural nature necessary network news
+newspaper nice none nor north note nothing notice occur offer office officer official oil ok once onto open
+operation opportunity option order organization original outside owner pain painting parent particular
+partner party pass past patient pattern pay peace perform performance perhaps period person personal phone
+physical pick piece plan plant player police policy political politics poor popular population position
+positive possible power practice prepare present president pressure pretty prevent price private probably
+problem process produce professional professor program project property protect prove provide public pull
+purpose push quality quickly quite race radio raise range rate rather reach ready real reality realize reason
+receive recent recently recognize record red reduce reflect region relate relationship religious remain
+remember remove report represent require research resource respond response responsibility rest rich rise
+risk road rock role rule run safe scene science scientist score season seat section security seek seem sell
+send senior sense series serious serve service seven several sex shake share shoot short shot shoulder
+similar simple simply single sister sit site situation six size skill skin social society soldier someone
+son song sort source south southern space speak special specific speech spend sport spring staff stage stand
+standard star start state statement station stay step stock stop store strategy street strong structure
+student stuff style subject success successful suddenly suffer suggest summer support surface system table
+talk task tax teach teacher team technology television ten tend term test thank theory third thousand threat
+throughout thus ticket total tough town trade traditional training travel treat treatment tree trial trip
+trouble truth type understand unit university unless upon valley various victim view violence visit voice
+vote wait walk wall watch weapon wear week weight west western whatever whether window wish woman wonder
+worker worry wrong yard yeah yes yet yourself
 """.split()
 
 CITIES = """Paris London Berlin Madrid Rome Tokyo Cairo Lima Oslo Vienna Dublin Lisbon Athens Prague Warsaw
