@@ -50,12 +50,14 @@ class ModelShape:
     intermediate_size: int
 
 
+# head_dim 64 in both: the smallest head size every GPU attention kernel (FlashAttention, FlashInfer) supports,
+# so the same model directory also serves from SGLang.
 SIZES: dict[str, ModelShape] = {
     # ~0.8M parameters: fast enough for unit tests and CPU RL smoke runs.
-    "tiny": ModelShape(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    "tiny": ModelShape(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                        intermediate_size=384),
     # ~6.7M parameters: for CPU runs that should visibly learn.
-    "small": ModelShape(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
+    "small": ModelShape(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
                         intermediate_size=1024),
 }
 
