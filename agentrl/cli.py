@@ -14,6 +14,7 @@ import sys
 # Explicit list, no discovery: a command appears here when its module exists and works.
 COMMAND_MODULES: list[str] = [
     "agentrl.models.cli",
+    "agentrl.data.cli",
 ]
 
 # `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).

@@ -1,0 +1,115 @@
+"""`calc`: arithmetic word problems that need the `calculator` tool.
+
+A problem is a short story whose numbers appear in the text in the order they appear in the expression, so the
+skill a small model must learn is *translation*, not arithmetic: copy each number digit by digit into a
+`calculator` call, insert the operator each phrase implies ("gets N more" -> `+ N`, "gives away N" -> `- N`,
+"A boxes of B each" -> `A * B`, "shares A among B" -> `A / B`), then copy the tool's result into
+`<answer>...</answer>`. Operands have 2+ digits, so guessing the result is hopeless.
+
+Splits differ in distribution, not only seed:
+
+| split   | operand digits                       | operations per problem |
+|---------|--------------------------------------|------------------------|
+| train   | 2-4                                  | 1 (60%), 2 (40%)       |
+| heldout | 3-6, at least one operand of 5+ digits | 1 (30%), 2 (40%), 3 (30%) |
+
+so no held-out problem can occur in training (train operands are < 10000). Every result is a non-negative
+integer (division only when exact), and the ground truth is computed on Python ints, not by evaluating text.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from agentrl.data.suites.common import split_rng, task_row, unique_rows
+
+NAME = "calc"
+TOOLS = ["calculator"]
+SYSTEM = "Use the calculator tool, then give the final number as <answer>N</answer>."
+
+PEOPLE = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jo", "Kim", "Leo", "Mia", "Ned", "Ola",
+          "Pia", "Raj", "Sam", "Tia", "Uma", "Vic", "Wes", "Yan", "Zoe"]
+ITEMS = ["apples", "marbles", "stamps", "coins", "books", "pens", "cards", "shells", "beads", "bricks", "seeds",
+         "tickets", "bottles", "nails", "stickers", "buttons"]
+
+
+@dataclass(frozen=True)
+class CalcSplit:
+    min_digits: int
+    max_digits: int
+    op_counts: tuple[int, ...]
+    op_weights: tuple[float, ...]
+    big_digits: int  # every problem has at least one operand with this many digits or more (0: no constraint)
+
+
+SPLIT_SPECS = {
+    "train": CalcSplit(min_digits=2, max_digits=4, op_counts=(1, 2), op_weights=(0.6, 0.4), big_digits=0),
+    "heldout": CalcSplit(min_digits=3, max_digits=6, op_counts=(1, 2, 3), op_weights=(0.3, 0.4, 0.3),
+                         big_digits=5),
+}
+
+
+@dataclass
+class Problem:
+    text: str
+    expression: str
+    value: int
+    operands: list[int]
+
+
+def _number(rng: random.Random, spec: CalcSplit) -> int:
+    digits = rng.randint(spec.min_digits, spec.max_digits)
+    return rng.randint(10 ** (digits - 1), 10 ** digits - 1)
+
+
+def _problem(rng: random.Random, spec: CalcSplit) -> Problem:
+    """One story with `k` operations, built left to right so text order equals expression order."""
+    ops = rng.choices(spec.op_counts, weights=spec.op_weights)[0]
+    who, item = rng.choice(PEOPLE), rng.choice(ITEMS)
+    if ops == 1 and rng.random() < 0.25:
+        # The dividend has the split's digit count too, so train operands stay below 10**max_digits.
+        digits = rng.randint(spec.min_digits, spec.max_digits)
+        divisor = rng.randint(2, min(99, 10 ** (digits - 1)))
+        quotient = rng.randint(max(2, -(-10 ** (digits - 1) // divisor)), (10 ** digits - 1) // divisor)
+        total = divisor * quotient
+        text = f"{who} shares {total} {item} equally among {divisor} friends. How many {item} does each friend get?"
+        return Problem(text, f"{total} / {divisor}", quotient, [total, divisor])
+    if rng.random() < 0.4:
+        a, b = _number(rng, spec), _number(rng, spec)
+        parts, expr, value, operands = [f"{who} buys {a} boxes of {b} {item} each."], f"{a} * {b}", a * b, [a, b]
+    else:
+        a = _number(rng, spec)
+        parts, expr, value, operands = [f"{who} has {a} {item}."], f"{a}", a, [a]
+    left = ops - (len(operands) - 1)
+    for _ in range(left):
+        b = _number(rng, spec)
+        if value < 20 or rng.random() < 0.5:
+            parts.append(f"Then {who} gets {b} more.")
+            expr, value = f"{expr} + {b}", value + b
+        else:
+            if b >= value:  # keep the count positive: take away a sizeable part of what is there
+                b = rng.randint(max(2, value // 10), value - 1)
+            parts.append(f"Then {who} gives away {b}.")
+            expr, value = f"{expr} - {b}", value - b
+        operands.append(b)
+    parts.append(f"How many {item} does {who} have now?")
+    return Problem(" ".join(parts), expr, value, operands)
+
+
+def make_tasks(split: str, n: int, seed: int = 0) -> list[dict]:
+    """`n` distinct calc tasks of `split` ("train" | "heldout"), fully determined by (split, n, seed)."""
+    rng = split_rng(NAME, split, seed)
+    spec = SPLIT_SPECS[split]
+
+    def one() -> dict:
+        while True:
+            p = _problem(rng, spec)
+            if not spec.big_digits or max(len(str(x)) for x in p.operands) >= spec.big_digits:
+                break
+        return task_row(NAME, split, system=SYSTEM, user=p.text, tools=TOOLS,
+                        reward={"type": "numeric", "ground_truth": str(p.value), "tolerance": 1e-6},
+                        extra={"expression": p.expression, "operands": p.operands,
+                               "num_ops": p.expression.count(" ") // 2})
+
+    return unique_rows(n, one, what=f"calc/{split}")

@@ -1,0 +1,148 @@
+"""`code`: small function-writing tasks checked by unit tests in the sandbox; the `python` tool may test drafts.
+
+A task describes a function over a list of integers as a pipeline in words ("keeps the even numbers, then
+multiplies each number by 4, and returns their sum") plus one worked example. Each phrase maps to one line:
+
+    def sum_values(xs):
+        xs = [x for x in xs if x % 2 == 0]
+        xs = [x * 4 for x in xs]
+        return sum(xs)
+
+What a small model must learn: copy the function name, emit one line per phrase with the phrase's constant
+copied in, end with the reducer's `return`; optionally run the draft on the example with the `python` tool and
+compare with the expected value; give the final code in a ```python block (the unit-test reward reads the last
+one). The unit tests (the example, an empty list and three random lists) are computed with reference functions
+written separately from the code lines, so a wrong line template would fail the suite's own tests.
+
+Splits differ in distribution, not only seed:
+- pipeline length: train has 0-2 steps before the reducer, held-out 1-3 (3-step pipelines never occur in train);
+- function names: `verb_noun` names, each name reserved for exactly one split (`common.name_in_split`), so the
+  model must copy a name it never saw rather than recall one.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from agentrl.data.suites.common import name_in_split, split_rng, task_row, unique_rows
+
+NAME = "code"
+TOOLS = ["python"]
+SYSTEM = "Write the Python function. You may test it with the python tool. Give the final code in a ```python block."
+
+VERBS = ["count", "sum", "pick", "scan", "mix", "fold", "sift", "tally", "crunch", "shape", "weigh", "grade"]
+NOUNS = ["values", "items", "nums", "data", "scores", "points", "marks", "ticks", "coins", "steps"]
+
+STEP_COUNTS = {"train": ((0, 1, 2), (0.2, 0.45, 0.35)), "heldout": ((1, 2, 3), (0.2, 0.4, 0.4))}
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    phrase: str
+    line: str  # the body line, indented by the caller
+    apply: Callable[[list[int]], Any]  # reference semantics, written independently of `line`
+
+
+def _transform(kind: str, rng: random.Random) -> Step:
+    k = rng.randint(2, 9) if kind == "mul" else rng.randint(1, 20)
+    if kind == "gt":
+        return Step(kind, f"keeps the numbers greater than {k}", f"xs = [x for x in xs if x > {k}]",
+                    lambda xs: list(filter(lambda v: v > k, xs)))
+    if kind == "lt":
+        return Step(kind, f"keeps the numbers less than {k}", f"xs = [x for x in xs if x < {k}]",
+                    lambda xs: list(filter(lambda v: v < k, xs)))
+    if kind == "even":
+        return Step(kind, "keeps the even numbers", "xs = [x for x in xs if x % 2 == 0]",
+                    lambda xs: list(filter(lambda v: not v & 1, xs)))
+    if kind == "odd":
+        return Step(kind, "keeps the odd numbers", "xs = [x for x in xs if x % 2 == 1]",
+                    lambda xs: list(filter(lambda v: v & 1, xs)))
+    if kind == "add":
+        return Step(kind, f"adds {k} to each number", f"xs = [x + {k} for x in xs]",
+                    lambda xs: list(map(lambda v: v + k, xs)))
+    if kind == "sub":
+        return Step(kind, f"subtracts {k} from each number", f"xs = [x - {k} for x in xs]",
+                    lambda xs: list(map(lambda v: v - k, xs)))
+    if kind == "mul":
+        return Step(kind, f"multiplies each number by {k}", f"xs = [x * {k} for x in xs]",
+                    lambda xs: list(map(lambda v: v * k, xs)))
+    if kind == "sort":
+        return Step(kind, "sorts the numbers", "xs = sorted(xs)", lambda xs: sorted(xs))
+    if kind == "reverse":
+        return Step(kind, "reverses their order", "xs = xs[::-1]", lambda xs: list(reversed(xs)))
+    raise ValueError(f"unknown code step kind {kind!r}")
+
+
+TRANSFORMS = ["gt", "lt", "even", "odd", "add", "sub", "mul", "sort", "reverse"]
+REDUCERS = [
+    Step("sum", "their sum", "return sum(xs)", lambda xs: sum(xs)),
+    Step("count", "how many there are", "return len(xs)", lambda xs: len(xs)),
+    Step("max", "the largest one (0 if there is none)", "return max(xs, default=0)",
+         lambda xs: sorted(xs)[-1] if xs else 0),
+    Step("first", "the first one (-1 if there is none)", "return xs[0] if xs else -1",
+         lambda xs: xs[0] if xs else -1),
+    Step("list", "the resulting list", "return xs", lambda xs: list(xs)),
+]
+
+
+@dataclass
+class CodeTask:
+    entry_point: str
+    steps: list[Step]
+    reducer: Step
+
+    def reference(self, xs: list[int]) -> Any:
+        for step in self.steps:
+            xs = step.apply(xs)
+        return self.reducer.apply(xs)
+
+    @property
+    def solution(self) -> str:
+        lines = [f"def {self.entry_point}(xs):"] + [f"    {s.line}" for s in self.steps] + [f"    {self.reducer.line}"]
+        return "\n".join(lines)
+
+
+def function_names(split: str) -> list[str]:
+    return [f"{v}_{n}" for v in VERBS for n in NOUNS if name_in_split(f"{v}_{n}", split)]
+
+
+def _task(rng: random.Random, split: str, names: list[str]) -> CodeTask:
+    counts, weights = STEP_COUNTS[split]
+    k = rng.choices(counts, weights=weights)[0]
+    kinds = rng.sample(TRANSFORMS, k)  # distinct kinds: no "sorts ..., then sorts ..."
+    return CodeTask(rng.choice(names), [_transform(kind, rng) for kind in kinds], rng.choice(REDUCERS))
+
+
+def _random_list(rng: random.Random, length: int) -> list[int]:
+    return [rng.randint(-5, 30) for _ in range(length)]
+
+
+def describe(task: CodeTask, example: list[int]) -> str:
+    if task.steps:
+        does = ", then ".join(s.phrase for s in task.steps)
+        body = f"takes a list of integers, {does}, and returns {task.reducer.phrase}"
+    else:
+        body = f"takes a list of integers and returns {task.reducer.phrase}"
+    return (f"Write a Python function {task.entry_point}(xs) that {body}. "
+            f"Example: {task.entry_point}({example!r}) == {task.reference(example)!r}")
+
+
+def make_tasks(split: str, n: int, seed: int = 0) -> list[dict]:
+    """`n` distinct code tasks of `split` ("train" | "heldout"), fully determined by (split, n, seed)."""
+    rng = split_rng(NAME, split, seed)
+    names = function_names(split)
+
+    def one() -> dict:
+        task = _task(rng, split, names)
+        example = [rng.randint(0, 20) for _ in range(rng.randint(4, 6))]
+        cases = [example, []] + [_random_list(rng, rng.randint(1, 8)) for _ in range(3)]
+        tests = "\n".join(f"assert {task.entry_point}({xs!r}) == {task.reference(xs)!r}" for xs in cases)
+        return task_row(NAME, split, system=SYSTEM, user=describe(task, example), tools=TOOLS,
+                        reward={"type": "unit_tests", "tests": tests, "entry_point": task.entry_point},
+                        extra={"solution": task.solution, "example": example,
+                               "expected": task.reference(example), "num_steps": len(task.steps)})
+
+    return unique_rows(n, one, what=f"code/{split}")

@@ -1,0 +1,183 @@
+"""Scripted solvers: a correct OpenAI-format transcript for every suite task, for the SFT cold start.
+
+A transcript is system + user (the task's prompt), then per tool call an assistant message with `tool_calls`
+and a `tool` message with the tool's real output, then a final assistant message with the answer:
+
+- calc:   calculator(expression) once; answer `<answer>{the tool's result}</answer>`.
+- lookup: lookup(entity) once per hop, the second hop on the value the first response showed; answer
+          `<answer>{value}</answer>`.
+- code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python
+          block. The python tool needs a sandbox, so this call is *simulated*: the code runs locally in a
+          subprocess (`python -I`, 10 s limit) and its output is shown the way the python tool shows a run
+          (`agentrl.tools.builtin.python`). It is our own generated solution, never model output.
+
+calculator and lookup outputs come from the real builtin tools, called through `ToolRegistry` exactly as the
+agent loop calls them (lookup reads the task's KB through tools_kwargs). Every transcript is checked before it
+is written: the tool's output must contain the expected value, and the final answer must equal the ground truth,
+so a disagreement between a suite and a tool fails loudly instead of teaching the model a wrong answer.
+
+SFT rows: {"messages": [...], "tools": [OpenAI function schemas], "task_id": str, "data_source": str}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from agentrl.data.suites import SUITE_TOOLS, check_suite, default_kb_path, write_suite
+from agentrl.data.suites.common import write_jsonl
+
+PYTHON_RUN_TIMEOUT_S = 10.0
+
+
+class DemoError(RuntimeError):
+    """A scripted solver could not produce a verified transcript (a suite/tool disagreement: a bug to fix)."""
+
+
+def _call_message(name: str, arguments: dict) -> dict:
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+
+def _tool_message(name: str, content: str) -> dict:
+    return {"role": "tool", "name": name, "content": content}
+
+
+def _answer_message(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+async def _call(tools, name: str, arguments: dict, session: str | None, task: dict) -> str:
+    result = await tools.call(name, arguments, session=session)
+    if result.is_error:
+        raise DemoError(f"task {task['task_id']}: {name}({arguments}) failed ({result.error_kind}): "
+                        f"{result.content[:300]}")
+    return result.content
+
+
+def _as_number(text: str) -> Decimal | None:
+    try:
+        return Decimal(text.strip().replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+async def solve_calc(task: dict, tools) -> list[dict]:
+    expression = task["extra"]["expression"]
+    truth = Decimal(task["reward"]["ground_truth"])
+    async with tools.episode_session(task["tools_kwargs"]) as session:
+        output = await _call(tools, "calculator", {"expression": expression}, session, task)
+    value = _as_number(output)
+    if value is None or value != truth:
+        raise DemoError(f"task {task['task_id']}: calculator({expression!r}) returned {output!r}, expected "
+                        f"{truth} (the suite's ground truth)")
+    return [*task["prompt"], _call_message("calculator", {"expression": expression}),
+            _tool_message("calculator", output), _answer_message(f"<answer>{output.strip()}</answer>")]
+
+
+async def solve_lookup(task: dict, tools) -> list[dict]:
+    extra = task["extra"]
+    messages = list(task["prompt"])
+    entity = extra["entity"]
+    async with tools.episode_session(task["tools_kwargs"]) as session:
+        for relation, value in zip(extra["relations"], extra["chain"]):
+            output = await _call(tools, "lookup", {"entity": entity}, session, task)
+            if value not in output or relation not in output:
+                raise DemoError(f"task {task['task_id']}: lookup({entity!r}) returned {output[:300]!r}, which "
+                                f"does not show {relation} = {value!r} (is tools_kwargs.lookup.kb_path the KB "
+                                f"written with these tasks?)")
+            messages += [_call_message("lookup", {"entity": entity}), _tool_message("lookup", output)]
+            entity = value
+    if entity != task["reward"]["ground_truth"]:
+        raise DemoError(f"task {task['task_id']}: the hop chain ends at {entity!r}, ground truth is "
+                        f"{task['reward']['ground_truth']!r}")
+    return messages + [_answer_message(f"<answer>{entity}</answer>")]
+
+
+def run_python_locally(code: str) -> str:
+    """Run `code` in a fresh isolated interpreter and show the result as the python tool shows a run."""
+    from agentrl.tools.builtin.python import format_run_output
+
+    proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                          timeout=PYTHON_RUN_TIMEOUT_S)
+    return format_run_output(stdout=proc.stdout, stderr=proc.stderr, return_code=proc.returncode)
+
+
+async def solve_code(task: dict, tools=None) -> list[dict]:
+    extra = task["extra"]
+    entry = task["reward"]["entry_point"]
+    solution = extra["solution"]
+    probe = f"{solution}\nprint({entry}({extra['example']!r}))"
+    output = await asyncio.to_thread(run_python_locally, probe)
+    if repr(extra["expected"]) not in output:
+        raise DemoError(f"task {task['task_id']}: the reference solution printed {output[:300]!r} on the example, "
+                        f"expected {extra['expected']!r}")
+    return [*task["prompt"], _call_message("python", {"code": probe}), _tool_message("python", output),
+            _answer_message(f"```python\n{solution}\n```")]
+
+
+SOLVERS = {"calc": solve_calc, "lookup": solve_lookup, "code": solve_code}
+
+
+def suite_of(task: dict) -> str:
+    suite = task["data_source"].split("/")[0]
+    check_suite(suite)
+    return suite
+
+
+async def solve(task: dict, tools) -> list[dict]:
+    """The verified transcript (OpenAI messages) solving one suite task, tool outputs from `tools`."""
+    return await SOLVERS[suite_of(task)](task, tools)
+
+
+def demo_tools():
+    """An in-process ToolRegistry with the builtin calculator and lookup tools (code demos simulate python)."""
+    from agentrl.tools.builtin.calculator import calculator
+    from agentrl.tools.builtin.lookup import lookup
+    from agentrl.tools.client import ToolRegistry
+
+    return ToolRegistry.from_functions([calculator, lookup])
+
+
+def tool_schemas(suite: str) -> list[dict]:
+    """The OpenAI schemas of the suite's tools, as the agent loop shows them to the model."""
+    from agentrl.tools.builtin import builtin_tool
+
+    return [builtin_tool(name).schema() for name in SUITE_TOOLS[suite]]
+
+
+async def make_demos(tasks: list[dict], tools=None) -> list[dict]:
+    """SFT rows for `tasks` (any mix of suites), in task order."""
+    own = tools is None
+    tools = demo_tools() if own else tools
+    try:
+        rows = []
+        for task in tasks:
+            suite = suite_of(task)
+            rows.append({"messages": await solve(task, tools), "tools": tool_schemas(suite),
+                         "task_id": task["task_id"], "data_source": task["data_source"]})
+        return rows
+    finally:
+        if own:
+            await tools.aclose()
+
+
+def write_demos(suite: str, n: int, out: str | Path, *, seed: int = 0, split: str = "train",
+                kb_path: str | Path | None = None) -> list[Path]:
+    """Generate `n` tasks of `suite`/`split` and write their demonstrations to `out`.
+
+    The tasks themselves go to OUT.tasks.jsonl (and the lookup KB, which the transcripts' tool outputs come from,
+    to OUT.kb.jsonl or `kb_path`). Returns the paths written.
+    """
+    import json
+
+    out = Path(out)
+    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+    tasks_path = out.with_name(stem + ".tasks.jsonl")
+    written = write_suite(suite, split, n, tasks_path, seed=seed, kb_path=kb_path or default_kb_path(out))
+    tasks = [json.loads(line) for line in tasks_path.read_text(encoding="utf-8").splitlines()]
+    write_jsonl(out, asyncio.run(make_demos(tasks)))
+    return [out, *written]

@@ -1,0 +1,123 @@
+"""`lookup`: one- and two-hop questions over a generated knowledge base served by the `lookup` tool.
+
+The knowledge base (KB) is a JSONL file of rows {"entity": str, "facts": {relation: value}} (the format the
+builtin `lookup` tool reads): people {born_in, works_at}, companies {manager, based_in} and cities {country}.
+Every name is made up (syllable words), so no answer can be known without calling the tool. A one-hop question
+("Who manages Kalo Works?") needs one call; a two-hop question ("Where was the manager of Kalo Works born?")
+needs a call on the question's entity, then a call on the value the first response returned.
+
+What a small model must learn: copy the entity name from the question into `lookup`, find the asked relation in
+the response, copy its value either into a second call (two hops) or into `<answer>...</answer>`.
+
+Splits differ in distribution, not only seed:
+- names: a whole name belongs to exactly one split (`common.name_in_split`), so held-out questions are about
+  entities never seen in training, built from the same syllables (familiar tokens, unseen combinations);
+- hops: train is 70% one-hop / 30% two-hop, held-out 30% / 70%.
+Each split has its own KB file; tasks point to it through tools_kwargs {"lookup": {"kb_path": ...}}.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from agentrl.data.suites.common import name_in_split, split_rng, task_row, unique_rows
+
+NAME = "lookup"
+TOOLS = ["lookup"]
+SYSTEM = "Use the lookup tool to find facts, then give the answer as <answer>...</answer>."
+
+SYLLABLES = ["ka", "lo", "mi", "ra", "ze", "tu", "vo", "ni", "sa", "el", "an", "or", "ba", "de", "fi", "go", "hu",
+             "ko", "lu", "ma", "ne", "po", "ri", "te", "wa", "yo"]
+COMPANY_SUFFIXES = ["Labs", "Works", "Corp", "Group", "Foods", "Motors", "Systems", "Trading"]
+
+# (entity kind, relation path, question template)
+QUESTIONS: list[tuple[str, tuple[str, ...], str]] = [
+    ("person", ("born_in",), "Where was {e} born?"),
+    ("person", ("works_at",), "Which company does {e} work for?"),
+    ("company", ("manager",), "Who manages {e}?"),
+    ("company", ("based_in",), "In which city is {e} based?"),
+    ("city", ("country",), "Which country is {e} in?"),
+    ("company", ("manager", "born_in"), "Where was the manager of {e} born?"),
+    ("company", ("based_in", "country"), "Which country is {e} based in?"),
+    ("person", ("works_at", "manager"), "Who manages the company {e} works for?"),
+    ("person", ("born_in", "country"), "Which country was {e} born in?"),
+    ("person", ("works_at", "based_in"), "In which city is the company {e} works for based?"),
+]
+
+TWO_HOP_SHARE = {"train": 0.3, "heldout": 0.7}
+
+
+@dataclass
+class KnowledgeBase:
+    facts: dict[str, dict[str, str]]  # entity -> {relation: value}
+    kinds: dict[str, list[str]]  # "person" | "company" | "city" -> entity names
+
+    def rows(self) -> list[dict]:
+        """KB rows sorted by entity name (the JSONL the `lookup` tool reads)."""
+        return [{"entity": e, "facts": self.facts[e]} for e in sorted(self.facts)]
+
+    def follow(self, entity: str, relations: tuple[str, ...]) -> list[str]:
+        """The values met along `relations` starting at `entity` (the last one is the answer)."""
+        chain, current = [], entity
+        for rel in relations:
+            current = self.facts[current][rel]
+            chain.append(current)
+        return chain
+
+
+def _word(rng: random.Random, syllables: int) -> str:
+    return "".join(rng.choice(SYLLABLES) for _ in range(syllables)).capitalize()
+
+
+def _names(rng: random.Random, count: int, split: str, make, taken: set[str]) -> list[str]:
+    out: list[str] = []
+    for _ in range(200 * count + 1000):
+        if len(out) == count:
+            return out
+        name = make(rng)
+        if name not in taken and name_in_split(name, split):
+            taken.add(name)
+            out.append(name)
+    raise ValueError(f"lookup/{split}: could not draw {count} distinct names; ask for fewer tasks")
+
+
+def make_kb(split: str, n: int, seed: int = 0) -> KnowledgeBase:
+    """A KB sized for `n` questions: max(40, n) people, max(20, n // 2) companies, max(20, n // 4) cities."""
+    rng = split_rng(NAME + "-kb", split, seed)
+    taken: set[str] = set()
+    n_people, n_companies, n_cities = max(40, n), max(20, n // 2), max(20, n // 4)
+    countries = _names(rng, 12, split, lambda r: _word(r, 2) + "ia", taken)
+    cities = _names(rng, n_cities, split, lambda r: _word(r, 3), taken)
+    people = _names(rng, n_people, split, lambda r: f"{_word(r, 2)} {_word(r, r.choice((2, 3)))}", taken)
+    companies = _names(rng, n_companies, split, lambda r: f"{_word(r, 2)} {r.choice(COMPANY_SUFFIXES)}", taken)
+    facts: dict[str, dict[str, str]] = {}
+    for city in cities:
+        facts[city] = {"country": rng.choice(countries)}
+    managers = rng.sample(people, n_companies)
+    for company, manager in zip(companies, managers):
+        facts[company] = {"manager": manager, "based_in": rng.choice(cities)}
+    manages = dict(zip(managers, companies))
+    for person in people:
+        # A manager works at the company it manages, so the two relations never contradict each other.
+        facts[person] = {"born_in": rng.choice(cities), "works_at": manages.get(person) or rng.choice(companies)}
+    return KnowledgeBase(facts=facts, kinds={"person": people, "company": companies, "city": cities})
+
+
+def make_tasks(split: str, n: int, seed: int = 0, *, kb_path: str) -> tuple[list[dict], KnowledgeBase]:
+    """`n` distinct lookup tasks of `split` and their KB; the tasks point to `kb_path` (write the KB there)."""
+    kb = make_kb(split, n, seed)
+    rng = split_rng(NAME, split, seed)
+    one_hop = [q for q in QUESTIONS if len(q[1]) == 1]
+    two_hop = [q for q in QUESTIONS if len(q[1]) == 2]
+
+    def one() -> dict:
+        kind, relations, template = rng.choice(two_hop if rng.random() < TWO_HOP_SHARE[split] else one_hop)
+        entity = rng.choice(kb.kinds[kind])
+        chain = kb.follow(entity, relations)
+        return task_row(NAME, split, system=SYSTEM, user=template.format(e=entity), tools=TOOLS,
+                        reward={"type": "exact_match", "ground_truth": chain[-1]},
+                        tools_kwargs={"lookup": {"kb_path": kb_path}},
+                        extra={"entity": entity, "relations": list(relations), "chain": chain})
+
+    return unique_rows(n, one, what=f"lookup/{split}"), kb
