@@ -119,7 +119,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> 
 
 
 def build_tokenizer():
-    """The tiny model's tokenizer as a `PreTrainedTokenizerFast` (trained on the synthetic corpus; ~2 s)."""
+    """The tiny model's tokenizer as a `PreTrainedTokenizerFast` (trained on the synthetic corpus; ~0.5 s)."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
@@ -158,6 +158,11 @@ def train_bpe():
         special_tokens=[],
     )
     tokenizer.train_from_iterator(generate_corpus(CORPUS_SEED, CORPUS_CHARS), trainer=trainer)
+    if tokenizer.get_vocab_size() != trainer.vocab_size:
+        # Token ids must not drift between builds: fewer merges would renumber every added token.
+        raise RuntimeError(
+            f"BPE training produced {tokenizer.get_vocab_size()} tokens instead of {trainer.vocab_size}; the "
+            f"{CORPUS_CHARS}-character corpus is too small for this tokenizers version: raise CORPUS_CHARS")
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in CONTROL_TOKENS])
     return tokenizer
