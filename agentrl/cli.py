@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES: list[str] = [
     "agentrl.models.cli",
     "agentrl.data.cli",
+    "agentrl.tools.cli",
 ]
 
 # `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).

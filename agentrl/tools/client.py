@@ -226,6 +226,13 @@ class ToolRegistry:
         self._require_started()
         return list(self._routes)
 
+    def service_of(self, name: str) -> str:
+        """The name of the backend serving tool `name` ("local" for in-process tools)."""
+        self._require_started()
+        if name not in self._routes:
+            raise KeyError(f"tool {name!r} is not in the registry; available: {', '.join(self._routes)}")
+        return self._routes[name].name
+
     def schemas(self, names: list[str] | None = None) -> list[dict]:
         """OpenAI function schemas of `names` (all tools when None), in the order asked."""
         self._require_started()

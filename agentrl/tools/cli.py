@@ -1,0 +1,105 @@
+"""`agentrl tools serve SPEC... --port N` and `agentrl tools list --config tools.yaml`.
+
+SPEC names the functions to serve: `package.module:fn1,fn2` or `path/to/file.py:fn1,fn2`. Functions that are
+not `@tool`s yet are wrapped with default options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load_tool_spec(spec: str) -> list[Any]:
+    """The functions named by `module:fn1,fn2` or `file.py:fn1,fn2`; errors name the missing piece."""
+    if ":" not in spec:
+        raise SystemExit(f"tool spec {spec!r} must look like package.module:fn1,fn2 or path/to/file.py:fn1")
+    where, names = spec.rsplit(":", 1)
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise SystemExit(f"tool spec {spec!r}: file {path} does not exist")
+        module_name = f"_agentrl_tools_{path.stem}"
+        loader = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[module_name] = module
+        loader.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise SystemExit(f"tool spec {spec!r}: cannot import {where!r} ({e})") from None
+    out = []
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        if not hasattr(module, name):
+            public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+            raise SystemExit(f"tool spec {spec!r}: {where} has no {name!r}; it defines: {', '.join(public)}")
+        out.append(getattr(module, name))
+    if not out:
+        raise SystemExit(f"tool spec {spec!r} names no function after the ':'")
+    return out
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from agentrl.tools.service import serve
+
+    tools = [t for spec in args.specs for t in load_tool_spec(spec)]
+    try:
+        defaults = json.loads(args.tool_kwargs) if args.tool_kwargs else None
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--tool-kwargs is not valid JSON ({e.msg}); e.g. '{{\"lookup\": {{\"kb_path\": "
+                         f"\"kb.jsonl\"}}}}'") from None
+    print(f"serving {len(tools)} tool(s) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    serve(tools, host=args.host, port=args.port, defaults=defaults, max_concurrency=args.max_concurrency,
+          idle_ttl_s=args.idle_ttl_s, log_level=args.log_level)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agentrl.tools.client import ToolRegistry
+
+    async def main() -> list[dict]:
+        registry = ToolRegistry.from_config(args.config)
+        try:
+            await registry.start()
+            return [{"tool": n, "service": registry.service_of(n),
+                     "description": registry.schemas([n])[0]["function"].get("description", "")}
+                    for n in registry.names()]
+        finally:
+            await registry.aclose()
+
+    for row in asyncio.run(main()):
+        if args.json:
+            print(json.dumps(row))
+        else:
+            print(f"{row['tool']:<24} {row['service']:<24} {row['description'].splitlines()[0] if row['description'] else ''}")
+    return 0
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    tools = subparsers.add_parser("tools", help="serve tools over HTTP, list configured tools")
+    sub = tools.add_subparsers(dest="tools_command", metavar="ACTION", required=True)
+
+    p = sub.add_parser("serve", help="serve Python functions as a tool service (GET /tools, POST /tools/{name})")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="package.module:fn1,fn2 or path/to/file.py:fn1")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tool-kwargs", default=None,
+                   help='JSON session defaults per tool, e.g. \'{"lookup": {"kb_path": "kb.jsonl"}}\'')
+    p.add_argument("--max-concurrency", type=int, default=1024,
+                   help="calls in flight before the service answers 503 + Retry-After")
+    p.add_argument("--idle-ttl-s", type=float, default=3600.0, help="release sessions idle this long")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("list", help="discover the tools of a tools config and print them")
+    p.add_argument("--config", required=True, help="a tools YAML, e.g. configs/tools/builtin.yaml")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=_list)
