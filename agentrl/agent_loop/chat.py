@@ -1,0 +1,130 @@
+"""Incremental chat templating: the token ids the agent loop appends between model turns.
+
+The loop never re-tokenizes what the model sampled. Between two model turns it appends the tokens the chat
+template puts there: the glue after the model's end-of-turn token (Qwen: the "\\n" after <|im_end|>), the tool
+messages, and the next generation prompt ("<|im_start|>assistant\\n"). They are found by rendering the
+conversation with and without the new messages on the same prefix and taking the text suffix:
+
+    before = render(messages)                                  # ends "...</tool_call><|im_end|>\\n"
+    after  = render(messages + tool_messages, generation_prompt=True)
+    glue   = before[after the last end-of-turn marker:] + after[len(before):]
+
+Strategies, recorded per turn in the episode metrics (`template_mode`):
+- "full": `after` starts with `before` for the real conversation (append-only templates such as Qwen2.5,
+  Llama 3, Hermes). Then prompt_ids + response_ids == render(final transcript) token for token, provided the
+  model's turns are in the template's canonical form (see README, "Agent loop").
+- "minimal_base": the template rewrites earlier turns (e.g. Qwen3 drops past <think> content), so the full
+  render is not a prefix. The new messages are rendered after a fixed two-message base conversation instead; the
+  ids stay exactly what the model saw, but the final transcript rendered by the template differs from them.
+- neither works: `TemplateError` (the template cannot be used for multi-turn RL as is).
+
+The glue text begins right after a special token (the end-of-turn marker) and ends with the generation prompt,
+so encoding it separately gives the same ids as encoding the whole conversation (special tokens split the
+byte-level BPE pre-tokenization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_BASE = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+
+
+class TemplateError(ValueError):
+    """The tokenizer's chat template cannot produce the tokens between turns (not usable for multi-turn RL)."""
+
+
+@dataclass
+class Delta:
+    ids: list[int]
+    mode: str  # "full" | "minimal_base"
+
+
+class ChatTemplate:
+    """Renders conversations with one tokenizer and one tool list (OpenAI function schemas or None)."""
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None):
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.end_of_turn = self._find_end_of_turn()
+        self.end_of_turn_id = self._single_token_id(self.end_of_turn)
+
+    # --- rendering ---
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        # The template text already holds every special token (BOS included when the template writes one).
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def render_ids(self, messages: list[dict], *, add_generation_prompt: bool = False) -> list[int]:
+        return self.encode(self.render(messages, add_generation_prompt=add_generation_prompt))
+
+    # --- the tokens between model turns ---
+
+    def delta_ids(self, messages: list[dict], new_messages: list[dict]) -> Delta:
+        """Ids to append after an assistant turn that ended with the end-of-turn token.
+
+        `messages` is the transcript so far, ending with that assistant message; `new_messages` (tool results,
+        possibly a user message) follow it. The result ends with the next generation prompt.
+        """
+        glue = self._glue(messages, new_messages)
+        if glue is not None:
+            return Delta(self.encode(glue), "full")
+        glue = self._glue(list(_BASE), new_messages)
+        if glue is not None:
+            return Delta(self.encode(glue), "minimal_base")
+        raise TemplateError(
+            "the chat template is not append-only even after a fixed base conversation: rendering "
+            f"{[m['role'] for m in new_messages]} after the transcript rewrites earlier text. Use an append-only "
+            "template (e.g. Qwen2.5's) or one that keeps past assistant turns unchanged.")
+
+    def _glue(self, messages: list[dict], new_messages: list[dict]) -> str | None:
+        before = self.render(messages)
+        after = self.render(messages + new_messages, add_generation_prompt=True)
+        if not after.startswith(before):
+            return None
+        end = before.rfind(self.end_of_turn)
+        if end < 0:
+            return None
+        return before[end + len(self.end_of_turn):] + after[len(before):]
+
+    # --- template probing ---
+
+    def _find_end_of_turn(self) -> str:
+        """The marker the template writes right after an assistant message's content (ChatML: <|im_end|>)."""
+        marker = "\x1fAGENTRL\x1f"
+        text = self.render([{"role": "user", "content": "Hi."}, {"role": "assistant", "content": marker}])
+        tail = text[text.rindex(marker) + len(marker):]
+        specials = sorted(set(self.tokenizer.all_special_tokens) | set(self.tokenizer.get_added_vocab()),
+                          key=len, reverse=True)
+        for token in specials:
+            if token and tail.startswith(token):
+                return token
+        raise TemplateError(
+            f"the chat template ends an assistant message with {tail!r}, which does not start with a special "
+            "token: the end of a model turn cannot be detected (agentrl needs ChatML-style <|im_end|> or an eos).")
+
+    def _single_token_id(self, token: str) -> int:
+        ids = self.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise TemplateError(f"end-of-turn marker {token!r} encodes to {len(ids)} tokens, expected 1")
+        return ids[0]
+
+
+def stop_token_ids(tokenizer, end_of_turn_id: int, generation_config_eos: int | list[int] | None = None) -> list[int]:
+    """Token ids that end a model turn: the template's end-of-turn token plus the model's eos ids."""
+    ids = [end_of_turn_id]
+    extra = generation_config_eos if generation_config_eos is not None else tokenizer.eos_token_id
+    for i in [extra] if isinstance(extra, int) else list(extra or []):
+        if i is not None and i not in ids:
+            ids.append(int(i))
+    return ids
+
+
+__all__ = ["ChatTemplate", "Delta", "TemplateError", "stop_token_ids"]

@@ -1,0 +1,105 @@
+"""Agent-loop, rollout and reward configuration (`agent:`, `rollout:` and `reward:` sections)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentrl.config import ConfigError, import_object
+
+
+@dataclass
+class AgentLoopConfig:
+    """One episode of the multi-turn tool agent (`ToolAgentLoop`).
+
+    Budgets count tokens. `max_response_tokens` covers everything after the prompt: sampled tokens, tool
+    observations and template glue. The context window is `max_model_len` (None: the engine's `max_model_len`).
+    """
+
+    max_assistant_turns: int = 8  # model turns per episode; reaching it ends the episode ("max_turns")
+    max_response_tokens: int = 4096  # model + observation + glue tokens after the prompt
+    max_new_tokens_per_turn: int = 1024  # cap on one engine.generate call
+    max_tool_response_tokens: int = 512  # one tool observation is truncated (middle) to this many tokens
+    max_parallel_calls: int = 4  # calls run concurrently per turn; later calls in the turn get an error observation
+    tool_parser: str = "hermes"  # agentrl.agent_loop.parsers.PARSERS key
+    tool_truncate_side: Literal["middle", "head", "tail"] = "middle"  # which part of a long observation is cut
+    episode_timeout_s: float | None = 600.0  # wall clock per episode; None: no limit
+    timeout_is_infra_error: bool = True  # a timed-out episode is left out of training (not rewarded 0)
+    max_model_len: int | None = None  # context window; None: take it from the engine (`engine.max_model_len`)
+
+    def __post_init__(self) -> None:
+        from agentrl.agent_loop.parsers import PARSERS
+
+        for name in ("max_assistant_turns", "max_response_tokens", "max_new_tokens_per_turn",
+                     "max_tool_response_tokens", "max_parallel_calls"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"agent.{name} must be >= 1, got {getattr(self, name)}")
+        if self.tool_parser not in PARSERS:
+            raise ValueError(f"agent.tool_parser {self.tool_parser!r} is unknown; choose one of {sorted(PARSERS)}")
+        if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
+            raise ValueError(f"agent.episode_timeout_s must be > 0 or null (no limit), got {self.episode_timeout_s}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"agent.max_model_len must be >= 2 or null, got {self.max_model_len}")
+
+
+@dataclass
+class RolloutConfig:
+    """Groups of episodes per task (`RolloutManager`)."""
+
+    n: int = 8  # episodes per task, sharing one group uid
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    seed: int | None = None  # base sampling seed; each episode and turn derives its own (None: unseeded)
+    max_concurrent_episodes: int = 64  # episodes in flight at once, across all engines
+    dump_episodes: bool = True  # write run_dir/episodes.jsonl (every group member)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"rollout.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"rollout.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_concurrent_episodes < 1:
+            raise ValueError(f"rollout.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}")
+
+
+@dataclass
+class RewardConfig:
+    """How episodes are scored (`agentrl.agent_loop.rewards`).
+
+    `answer_from`: "answer_tag" reads <answer>...</answer> from the final assistant turn and falls back to its
+    whole text; "answer_tag_strict" scores 0 when the tag is missing; "final_text" always uses the whole text.
+    `custom` maps extra reward type names to `module:fn` callables `fn(task, episode, config) -> float` (may be
+    async); they are imported and checked here, at config load.
+    """
+
+    answer_from: Literal["answer_tag", "answer_tag_strict", "final_text"] = "answer_tag"
+    sandbox_url: str | None = None  # for "unit_tests" rewards, e.g. http://127.0.0.1:8080
+    unit_tests_timeout_s: float = 10.0  # run_timeout of one unit-test run in the sandbox
+    custom: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.unit_tests_timeout_s <= 0:
+            raise ValueError(f"reward.unit_tests_timeout_s must be > 0, got {self.unit_tests_timeout_s}")
+        if self.sandbox_url is not None and not self.sandbox_url.startswith(("http://", "https://")):
+            raise ValueError(f"reward.sandbox_url {self.sandbox_url!r} must start with http:// or https://")
+        for name, spec in self.custom.items():
+            check_reward_fn(import_object(spec, f"reward.custom.{name}"), f"reward.custom.{name} ({spec})")
+
+
+def check_reward_fn(fn, what: str) -> None:
+    """Fail unless `fn` can be called as fn(task, episode, config)."""
+    if not callable(fn):
+        raise ConfigError(f"{what} is not callable")
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{what} must accept (task, episode, config): {e}") from None
+
+
+__all__ = ["AgentLoopConfig", "RolloutConfig", "RewardConfig", "check_reward_fn"]

@@ -1,0 +1,177 @@
+"""Reward functions: Episode -> float, chosen by `task.reward["type"]`.
+
+Built in: "exact_match" (normalised string equality), "numeric" (float within a tolerance), "unit_tests" (the
+answer's code plus the task's tests run in the sandbox: 1.0 when every assert passes). Extra types come from
+`reward.custom` ({name: "module:fn"}, checked at config load) or directly as `"type": "module:fn"` in the task.
+
+A reward function has the signature `fn(task, episode, config) -> float` and may be async. If it raises, the
+episode is marked `infra_error` (`RolloutManager`), never given 0: a broken grader must not train the policy.
+
+Answers are read from the final assistant message: `<answer>...</answer>` (the last one), falling back to the
+whole text, or as `reward.answer_from` says; for unit tests the last ```python block, else the answer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from fractions import Fraction
+from typing import Awaitable, Callable, Protocol
+
+from agentrl.agent_loop.config import RewardConfig, check_reward_fn
+from agentrl.config import import_object
+from agentrl.types import Episode, Task
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_PYTHON_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?")
+
+
+class RewardFn(Protocol):
+    def __call__(self, task: Task, episode: Episode, config: RewardConfig) -> float | Awaitable[float]: ...
+
+
+class RewardSpecError(ValueError):
+    """A task's reward spec is unusable (unknown type, missing field); the message names the task and the fix."""
+
+
+def final_text(episode: Episode) -> str:
+    """Content of the last assistant message ("" when the model never answered)."""
+    for message in reversed(episode.messages):
+        if message.get("role") == "assistant":
+            return message.get("content") or ""
+    return ""
+
+
+def extract_answer(text: str, answer_from: str) -> str | None:
+    """The answer string per `answer_from`; None when "answer_tag_strict" finds no tag."""
+    if answer_from == "final_text":
+        return text.strip()
+    tags = _ANSWER.findall(text)
+    if tags:
+        return tags[-1].strip()
+    return None if answer_from == "answer_tag_strict" else text.strip()
+
+
+def _normalise(s: str) -> str:
+    return " ".join(s.split()).casefold()
+
+
+def exact_match(task: Task, episode: Episode, config: RewardConfig) -> float:
+    """1.0 when the answer equals `ground_truth` (or one of a list) after whitespace/case normalisation;
+    `"case_sensitive": true` in the spec keeps case."""
+    spec = task.reward
+    answer = extract_answer(final_text(episode), config.answer_from)
+    if answer is None:
+        return 0.0
+    truths = spec["ground_truth"] if isinstance(spec["ground_truth"], list) else [spec["ground_truth"]]
+    if spec.get("case_sensitive", False):
+        return float(any(" ".join(answer.split()) == " ".join(str(t).split()) for t in truths))
+    return float(any(_normalise(answer) == _normalise(str(t)) for t in truths))
+
+
+def parse_number(text: str) -> float | None:
+    """The last number in `text` ("1,234.5", "-3e2", "3/4" and "$12" read as numbers); None if there is none."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    raw = found[-1].replace(",", "").replace(" ", "")
+    try:
+        return float(Fraction(raw)) if "/" in raw else float(raw)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def numeric(task: Task, episode: Episode, config: RewardConfig) -> float:
+    """1.0 when the answer's last number is within `tolerance` (absolute and relative, default 1e-6) of
+    `ground_truth`."""
+    spec = task.reward
+    answer = extract_answer(final_text(episode), config.answer_from)
+    if answer is None:
+        return 0.0
+    got = parse_number(answer)
+    truth = parse_number(str(spec["ground_truth"]))
+    if truth is None:
+        raise RewardSpecError(f"task {task.task_id!r}: numeric ground_truth {spec['ground_truth']!r} is not a number")
+    if got is None:
+        return 0.0
+    tol = float(spec.get("tolerance", 1e-6))
+    return float(math.isclose(got, truth, rel_tol=tol, abs_tol=tol))
+
+
+def extract_code(text: str, answer_from: str) -> str | None:
+    blocks = _PYTHON_BLOCK.findall(text)
+    if blocks:
+        return blocks[-1]
+    return extract_answer(text, answer_from)
+
+
+async def unit_tests(task: Task, episode: Episode, config: RewardConfig) -> float:
+    """1.0 when the answer's code followed by `tests` exits cleanly in the sandbox, else 0.0.
+
+    A sandbox fault (unreachable, 5xx, SandboxError after retries) raises, so the episode becomes infra_error.
+    """
+    from sandbox.client import SandboxClient
+
+    spec = task.reward
+    if config.sandbox_url is None:
+        raise RewardSpecError(f"task {task.task_id!r} has a unit_tests reward but reward.sandbox_url is not set "
+                              "(e.g. reward.sandbox_url=http://127.0.0.1:8080)")
+    code = extract_code(final_text(episode), config.answer_from)
+    if not code or not code.strip():
+        return 0.0
+    entry_point = spec.get("entry_point")
+    if entry_point and not re.search(rf"\b{re.escape(entry_point)}\b", code):
+        return 0.0  # the required function is not even mentioned: skip the sandbox round trip
+    program = f"{code}\n\n{spec['tests']}\n"
+    async with SandboxClient(config.sandbox_url) as client:
+        result = await client.run_code(program, language="python", run_timeout=config.unit_tests_timeout_s)
+    return 1.0 if result.get("status") == "Success" else 0.0
+
+
+REWARDS: dict[str, Callable] = {"exact_match": exact_match, "numeric": numeric, "unit_tests": unit_tests}
+_REQUIRED_FIELDS = {"exact_match": ("ground_truth",), "numeric": ("ground_truth",), "unit_tests": ("tests",)}
+
+
+def resolve_reward_fn(spec: dict, config: RewardConfig, where: str = "task") -> Callable:
+    """The function for one reward spec; raises RewardSpecError naming `where` and the fix."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+        raise RewardSpecError(f"{where}: reward must be a mapping with a 'type' string, got {spec!r}")
+    kind = spec["type"]
+    if kind in REWARDS:
+        missing = [f for f in _REQUIRED_FIELDS[kind] if f not in spec]
+        if missing:
+            raise RewardSpecError(f"{where}: reward type {kind!r} needs field(s) {missing}")
+        return REWARDS[kind]
+    if kind in config.custom:
+        return import_object(config.custom[kind], f"reward.custom.{kind}")
+    if ":" in kind:
+        fn = import_object(kind, f"{where}: reward type")
+        check_reward_fn(fn, f"{where}: reward type {kind!r}")
+        return fn
+    known = sorted(REWARDS) + sorted(config.custom)
+    raise RewardSpecError(f"{where}: unknown reward type {kind!r}; use one of {known}, a name listed in "
+                          "reward.custom, or 'package.module:function'")
+
+
+def check_reward_specs(tasks: list[Task], config: RewardConfig) -> None:
+    """Fail before rolling out if any task's reward spec cannot be scored."""
+    for i, task in enumerate(tasks):
+        resolve_reward_fn(task.reward, config, where=f"task {i} ({task.task_id or 'no task_id'})")
+
+
+async def compute_reward(task: Task, episode: Episode, config: RewardConfig) -> float:
+    """Score one episode. Exceptions propagate (the caller marks the episode infra_error)."""
+    fn = resolve_reward_fn(task.reward, config, where=f"task {task.task_id!r}")
+    value = fn(task, episode, config)
+    if inspect.isawaitable(value):
+        value = await value
+    value = float(value)
+    if not math.isfinite(value):
+        raise RewardSpecError(f"reward for task {task.task_id!r} is {value} (must be finite)")
+    return value
+
+
+__all__ = ["RewardFn", "RewardSpecError", "REWARDS", "compute_reward", "check_reward_specs", "resolve_reward_fn",
+           "extract_answer", "extract_code", "final_text", "parse_number", "exact_match", "numeric", "unit_tests"]

@@ -1,0 +1,149 @@
+"""`RolloutManager`: n episodes per task (one group uid), bounded concurrency, rewards, episodes.jsonl.
+
+All episodes of a call share one pool of `rollout.max_concurrent_episodes` slots (a semaphore), whatever the
+number of engines behind the `Engine` (an SGLang client spreads requests over its servers). Each episode runs
+its turns and then its reward inside its slot. The per-episode wall-clock limit is `agent.episode_timeout_s`
+(`ToolAgentLoop` ends the episode with finish_reason "timeout" and keeps what it had).
+
+Rewards: infra-failed episodes (engine or tool fault, timeout) are not scored (reward 0.0, `infra_error` True);
+a reward function that raises marks the episode infra_error too, with the error in `metrics["reward_error"]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import zlib
+from collections import Counter
+from pathlib import Path
+
+from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig
+from agentrl.agent_loop.rewards import check_reward_specs, compute_reward
+from agentrl.agent_loop.tool_agent import ToolAgentLoop
+from agentrl.types import FINISH_REASONS_EPISODE, Episode, SamplingParams, Task
+
+EPISODES_FILE = "episodes.jsonl"
+
+
+class RolloutManager:
+    def __init__(self, engine, tokenizer, tools, agent_config: AgentLoopConfig, rollout_config: RolloutConfig,
+                 reward_config: RewardConfig, run_dir: str | Path | None = None):
+        self.loop = ToolAgentLoop(engine, tokenizer, tools, agent_config)
+        self.tools = tools
+        self.rollout_config = rollout_config
+        self.reward_config = reward_config
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+
+    async def generate(self, tasks: list[Task], *, step: int = 0, n: int | None = None) -> list[Episode]:
+        """Roll out every task `n` times (default `rollout.n`); returns episodes in task order, then sample
+        index, with rewards filled in. Writes them to run_dir/episodes.jsonl when a run dir is set."""
+        n = self.rollout_config.n if n is None else n
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        check_reward_specs(tasks, self.reward_config)
+        self._check_tool_names(tasks)
+        slots = asyncio.Semaphore(self.rollout_config.max_concurrent_episodes)
+        progress = _progress(len(tasks) * n, f"rollout step {step}")
+
+        async def one(index: int, task: Task, sample: int) -> Episode:
+            async with slots:
+                episode = await self._episode(task, uid=f"step{step}-task{index}", sample=sample, step=step)
+            if progress is not None:
+                progress.update(1)
+            return episode
+
+        try:  # a TaskGroup cancels the other episodes if one fails with a bug (not an infra error)
+            async with asyncio.TaskGroup() as group:
+                running = [group.create_task(one(i, t, k)) for i, t in enumerate(tasks) for k in range(n)]
+        finally:
+            if progress is not None:
+                progress.close()
+        episodes = [r.result() for r in running]
+        if self.run_dir is not None and self.rollout_config.dump_episodes:
+            write_episodes(self.run_dir / EPISODES_FILE, episodes, step=step, n=n)
+        return episodes
+
+    async def _episode(self, task: Task, *, uid: str, sample: int, step: int) -> Episode:
+        cfg = self.rollout_config
+        seed = None if cfg.seed is None else zlib.crc32(f"{cfg.seed}/{uid}/{sample}".encode())
+        sampling = SamplingParams(max_new_tokens=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                  seed=seed)
+        episode = await self.loop.run(task, sampling=sampling, uid=uid, session_id=f"{uid}-{sample}")
+        episode.metrics["sample_index"] = sample
+        if episode.infra_error:
+            return episode
+        try:
+            episode.reward = await compute_reward(task, episode, self.reward_config)
+        except Exception as e:  # noqa: BLE001 -- boundary: any grader failure makes the episode untrainable
+            episode.reward = 0.0
+            episode.infra_error = True
+            episode.metrics["reward_error"] = f"{type(e).__name__}: {e}"
+        return episode
+
+    def _check_tool_names(self, tasks: list[Task]) -> None:
+        if self.tools is None:
+            return
+        names = set(self.tools.names())
+        for i, task in enumerate(tasks):
+            unknown = [t for t in task.tools or [] if t not in names]
+            if unknown:
+                raise ValueError(f"task {i} ({task.task_id or 'no task_id'}) names tools {unknown} that the tool "
+                                 f"registry does not serve (it serves {sorted(names)}); fix the task's 'tools' or "
+                                 "the tools config")
+
+
+def write_episodes(path: Path, episodes: list[Episode], *, step: int, n: int) -> None:
+    """Append one JSON line per episode: Episode.to_dict() plus "step" and "sample_index"."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, episode in enumerate(episodes):
+        row = episode.to_dict()
+        row["step"] = step
+        row["sample_index"] = i % n
+        lines.append(json.dumps(row, ensure_ascii=False))
+    with path.open("a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def read_episodes(path: str | Path) -> list[dict]:
+    """The rows written by `write_episodes` (Episode fields plus step and sample_index)."""
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Scalar summaries of one rollout: rewards over trainable episodes, stop reasons, tool errors, turns."""
+    total = len(episodes)
+    if total == 0:
+        return {}
+    ok = [e for e in episodes if not e.infra_error]
+    reasons = Counter(e.finish_reason for e in episodes)
+    calls = sum(e.metrics.get("tool_calls", 0) for e in episodes)
+    errors = sum(e.metrics.get("tool_errors", 0) for e in episodes)
+    out = {
+        "rollout/episodes": float(total),
+        "rollout/infra_error_rate": 1.0 - len(ok) / total,
+        "rollout/reward_mean": sum(e.reward for e in ok) / len(ok) if ok else 0.0,
+        "rollout/turns_mean": sum(e.num_turns for e in episodes) / total,
+        "rollout/response_tokens_mean": sum(len(e.response_ids) for e in episodes) / total,
+        "rollout/policy_tokens_mean": sum(sum(e.response_mask) for e in episodes) / total,
+        "rollout/tool_calls_per_episode": calls / total,
+        "rollout/tool_error_rate": errors / calls if calls else 0.0,
+        "rollout/reward_errors": float(sum("reward_error" in e.metrics for e in episodes)),
+    }
+    for reason in FINISH_REASONS_EPISODE:
+        out[f"rollout/finish_{reason}"] = reasons.get(reason, 0) / total
+    return out
+
+
+def _progress(total: int, desc: str):
+    """A tqdm bar when stderr is a terminal; None otherwise (logs stay clean)."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ep", leave=False)
+
+
+__all__ = ["RolloutManager", "write_episodes", "read_episodes", "rollout_metrics", "EPISODES_FILE"]

@@ -1,0 +1,317 @@
+"""`ToolAgentLoop`: one multi-turn tool-using episode, token in / token out.
+
+One growing id list per episode. Model turns are appended exactly as sampled (mask 1, the engine's logprobs,
+`turn_ids` = the turn index); everything between turns comes from the chat template (`chat.ChatTemplate`) with
+mask 0, logprob 0.0 and turn id -1. Text the model produced is decoded only to find its tool calls and to fill the
+transcript (`Episode.messages`); it is never re-tokenized.
+
+Stop conditions (`Episode.finish_reason`, with the precise cause in `metrics["stop_detail"]`):
+- "stop": a turn without tool calls (final answer), or a turn ended by an eos id other than the template's
+  end-of-turn token (its calls do not run);
+- "max_turns": `max_assistant_turns` turns were sampled; the last turn's calls do not run;
+- "length": the turn hit `max_new_tokens_per_turn` ("turn_length", its calls do not run), the response budget
+  `max_response_tokens` ("response_budget"), the context window ("context_window"), or the next observation
+  would overflow either ("observation_overflow": the episode stops before appending it);
+- "timeout": the episode ran past `episode_timeout_s`; `infra_error` is `timeout_is_infra_error` (default True);
+- "infra_error": an engine fault (EngineError, aborted request), a prompt that does not fit the context window,
+  or a tool infrastructure fault (ToolResult.infra_error: service unreachable after the registry's retries,
+  timeout, 5xx, sandbox down). The episode ends at once and is dropped from training.
+Policy mistakes (malformed JSON, unknown tool, bad arguments, a tool that raised, more calls than
+`max_parallel_calls`) become error observations the model reads, and are counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentrl.agent_loop.chat import ChatTemplate
+from agentrl.agent_loop.config import AgentLoopConfig
+from agentrl.agent_loop.parsers import make_parser
+from agentrl.inference.base import EngineError, PromptTooLongError
+from agentrl.tools.truncate import truncate_text
+from agentrl.types import Episode, SamplingParams, Task, ToolCall
+
+CALL_FORMAT_HINT = 'Write each call as <tool_call>\n{"name": "<tool name>", "arguments": {<arguments>}}\n</tool_call>.'
+
+
+@dataclass
+class _State:
+    """The episode under construction. Every append keeps the token-aligned lists the same length."""
+
+    prompt_ids: list[int]
+    messages: list[dict]
+    response_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    tool_calls: list[dict] = field(default_factory=list)
+    num_turns: int = 0
+    finish_reason: str = ""
+    infra_error: bool = False
+    metrics: dict = field(default_factory=dict)
+
+    def add_model_turn(self, ids: list[int], logprobs: list[float], turn: int) -> None:
+        self.response_ids += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += [float(x) for x in logprobs]
+        self.turn_ids += [turn] * len(ids)
+
+    def add_glue(self, ids: list[int]) -> None:
+        self.response_ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.turn_ids += [-1] * len(ids)
+
+    def finish(self, reason: str, detail: str, *, infra: bool = False) -> None:
+        self.finish_reason = reason
+        self.infra_error = infra
+        self.metrics["stop_detail"] = detail
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.metrics[key] = self.metrics.get(key, 0) + n
+
+
+def generation_eos_ids(tokenizer) -> list[int]:
+    """eos ids from generation_config.json next to the tokenizer files (the model's own stop ids), if any."""
+    path = Path(str(getattr(tokenizer, "name_or_path", "") or "")) / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return [eos] if isinstance(eos, int) else [int(i) for i in (eos or [])]
+
+
+class ToolAgentLoop:
+    """Runs episodes of one policy (engine + tokenizer) against one tool registry."""
+
+    def __init__(self, engine, tokenizer, tools, config: AgentLoopConfig):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.tools = tools  # a ToolRegistry, or None for tasks without tools
+        self.config = config
+        self.parser = make_parser(config.tool_parser)
+        self.max_model_len = config.max_model_len or getattr(engine, "max_model_len", None)
+        self._engine_takes_session = "session_id" in inspect.signature(engine.generate).parameters
+        self._templates: dict[tuple[str, ...] | None, ChatTemplate] = {}
+        probe = ChatTemplate(tokenizer, None)
+        self.end_of_turn_id = probe.end_of_turn_id
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.stop_token_ids = list(dict.fromkeys([self.end_of_turn_id, *eos, *generation_eos_ids(tokenizer)]))
+
+    # --- public ---
+
+    async def run(self, task: Task, *, sampling: SamplingParams | None = None, uid: str = "",
+                  session_id: str | None = None) -> Episode:
+        """Roll out `task` once. `sampling` supplies temperature/top_p/top_k/seed (max_new_tokens and stop ids
+        are set per turn); `uid` is the group id; `session_id` routes every turn to one engine server."""
+        sampling = sampling or SamplingParams(max_new_tokens=1)
+        session_id = session_id or uuid.uuid4().hex
+        started = time.monotonic()
+        if self.tools is not None:
+            await self.tools.start()
+        template = self._template(task.tools)
+        state = _State(prompt_ids=template.prompt_ids(task.prompt), messages=[dict(m) for m in task.prompt])
+        state.metrics.update(engine_s=0.0, tool_s=0.0, tool_calls=0, tool_errors=0)
+        timeout = asyncio.timeout(self.config.episode_timeout_s)
+        try:
+            async with timeout:
+                async with self._session(task) as tool_session:
+                    await self._loop(task, template, state, sampling, tool_session, session_id)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            state.finish("timeout", "episode_timeout", infra=self.config.timeout_is_infra_error)
+        state.metrics["wall_s"] = time.monotonic() - started
+        state.metrics["response_tokens"] = len(state.response_ids)
+        state.metrics["policy_tokens"] = sum(state.mask)
+        return Episode(
+            uid=uid, prompt_ids=state.prompt_ids, response_ids=state.response_ids, response_mask=state.mask,
+            response_logprobs=state.logprobs, messages=state.messages, finish_reason=state.finish_reason,
+            num_turns=state.num_turns, tool_calls=state.tool_calls, infra_error=state.infra_error,
+            metrics=state.metrics, task_id=task.task_id, data_source=task.data_source, turn_ids=state.turn_ids,
+        )
+
+    # --- the loop ---
+
+    async def _loop(self, task: Task, template: ChatTemplate, state: _State, sampling: SamplingParams,
+                    tool_session: str | None, session_id: str) -> None:
+        cfg = self.config
+        window = self.max_model_len
+        allowed = self._allowed_names(task)
+        while True:
+            used = len(state.prompt_ids) + len(state.response_ids)
+            limits = {"turn_length": cfg.max_new_tokens_per_turn,
+                      "response_budget": cfg.max_response_tokens - len(state.response_ids)}
+            if window is not None:
+                limits["context_window"] = window - used
+            cause = min(limits, key=limits.get)
+            if limits[cause] < 1:
+                state.finish("length", cause)
+                return
+            params = SamplingParams(
+                max_new_tokens=limits[cause], temperature=sampling.temperature, top_p=sampling.top_p,
+                top_k=sampling.top_k, stop_token_ids=self.stop_token_ids,
+                seed=None if sampling.seed is None else (sampling.seed * 1_000_003 + state.num_turns) % 2**31)
+            t0 = time.monotonic()
+            try:
+                gen = await self._generate(state.prompt_ids + state.response_ids, params, session_id)
+            except PromptTooLongError as e:
+                if state.num_turns == 0:  # the task's prompt alone does not fit: not the policy's doing
+                    state.metrics["infra_detail"] = f"prompt too long: {e}"
+                    state.finish("infra_error", "prompt_too_long", infra=True)
+                else:
+                    state.finish("length", "context_window")
+                return
+            except EngineError as e:
+                state.metrics["infra_detail"] = f"engine: {e}"
+                state.finish("infra_error", "engine_error", infra=True)
+                return
+            finally:
+                state.metrics["engine_s"] += time.monotonic() - t0
+            problem = self._check_generation(gen)
+            if problem:
+                state.metrics["infra_detail"] = f"engine: {problem}"
+                state.finish("infra_error", "engine_error", infra=True)
+                return
+            turn = state.num_turns
+            state.add_model_turn(gen.token_ids, gen.logprobs, turn)
+            state.num_turns += 1
+            last = gen.token_ids[-1]
+            text_ids = gen.token_ids[:-1] if last in self.stop_token_ids else gen.token_ids
+            text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+            if last != self.end_of_turn_id:
+                state.messages.append({"role": "assistant", "content": text})
+                if last in self.stop_token_ids:
+                    state.finish("stop", "eos")
+                elif gen.finish_reason == "length":
+                    state.finish("length", cause)
+                else:
+                    state.finish("stop", "stop_string")
+                return
+            parsed = self.parser.parse(text)
+            for i, call in enumerate(parsed.calls):
+                call.call_id = f"call_{turn}_{i}"  # unique within the episode
+            good = [c for c in parsed.calls if c.error is None]
+            message: dict = {"role": "assistant", "content": parsed.content}
+            if good:
+                message["tool_calls"] = [{"id": c.call_id, "type": "function",
+                                          "function": {"name": c.name, "arguments": c.arguments}} for c in good]
+            if not parsed.calls:
+                state.messages.append(message)
+                state.finish("stop", "final_answer")
+                return
+            state.messages.append(message)
+            if state.num_turns >= cfg.max_assistant_turns:
+                state.finish("max_turns", "max_assistant_turns")
+                return
+            t0 = time.monotonic()
+            observations = await self._run_calls(parsed.calls, allowed, tool_session, turn, state)
+            state.metrics["tool_s"] += time.monotonic() - t0
+            if observations is None:
+                return  # infra error, recorded by _run_calls
+            delta = template.delta_ids(state.messages, observations)
+            state.count(f"template_{delta.mode}")
+            if len(state.response_ids) + len(delta.ids) > cfg.max_response_tokens or (
+                    window is not None and len(state.prompt_ids) + len(state.response_ids) + len(delta.ids) > window):
+                state.finish("length", "observation_overflow")
+                return
+            state.messages.extend(observations)
+            state.add_glue(delta.ids)
+
+    async def _generate(self, ids: list[int], params: SamplingParams, session_id: str):
+        if self._engine_takes_session:
+            return await self.engine.generate(ids, params, session_id=session_id)
+        return await self.engine.generate(ids, params)
+
+    def _check_generation(self, gen) -> str | None:
+        if gen.finish_reason == "abort":
+            return "the request was aborted (engine shutting down or weights being updated)"
+        if not gen.token_ids:
+            return f"no tokens returned (finish_reason {gen.finish_reason!r})"
+        if len(gen.token_ids) != len(gen.logprobs):
+            return f"{len(gen.token_ids)} token ids but {len(gen.logprobs)} logprobs"
+        return None
+
+    # --- tools ---
+
+    async def _run_calls(self, calls: list[ToolCall], allowed: list[str], tool_session: str | None, turn: int,
+                         state: _State) -> list[dict] | None:
+        """Run one turn's calls; returns the tool messages in call order, or None after an infra error."""
+        cfg = self.config
+        records: list[dict] = []
+        pending = []
+        for i, call in enumerate(calls):
+            record = {"turn": turn, "call_id": call.call_id, "name": call.name, "arguments": call.arguments,
+                      "ok": False, "error_kind": None, "latency_s": 0.0, "truncated": False}
+            if call.error is not None:
+                record.update(error_kind="malformed_call", raw=call.raw[:2000],
+                              content=f"Error: {call.error}. {CALL_FORMAT_HINT}")
+            elif i >= cfg.max_parallel_calls:
+                record.update(error_kind="too_many_calls",
+                              content=f"Error: at most {cfg.max_parallel_calls} tool calls run per turn; the call "
+                                      f"to '{call.name}' was not run. Call it again in your next turn.")
+            elif call.name not in allowed:
+                record.update(error_kind="unknown_tool",
+                              content=f"Error: unknown tool '{call.name}'. Available tools: "
+                                      f"{', '.join(allowed) or 'none'}.")
+            else:
+                pending.append((record, call))
+            records.append(record)
+        results = await asyncio.gather(*(self.tools.call(c.name, c.arguments, session=tool_session)
+                                         for _, c in pending))
+        for (record, _), result in zip(pending, results):
+            record.update(ok=not result.is_error, error_kind=result.error_kind, latency_s=result.latency_s,
+                          content=result.content)
+            if result.metrics:
+                record["metrics"] = result.metrics
+        state.count("tool_calls", len(records))
+        for record in records:
+            if record["error_kind"] is not None:
+                state.count("tool_errors")
+                state.count(f"tool_error_{record['error_kind']}")
+        infra = next((r for (r, _), res in zip(pending, results) if res.infra_error), None)
+        if infra is not None:
+            for record in records:
+                record.pop("content")
+            state.tool_calls += records
+            state.metrics["infra_detail"] = f"tool {infra['name']}: {infra['error_kind']}"
+            state.finish("infra_error", "tool_infra_error", infra=True)
+            return None
+        messages = []
+        for record in records:
+            content, cut = truncate_text(record.pop("content"), max_tokens=cfg.max_tool_response_tokens,
+                                         tokenizer=self.tokenizer, side=cfg.tool_truncate_side)
+            record["truncated"] = cut
+            if cut:
+                state.count("truncated_observations")
+            messages.append({"role": "tool", "tool_call_id": record["call_id"], "name": record["name"],
+                             "content": content})
+        state.tool_calls += records
+        return messages
+
+    def _allowed_names(self, task: Task) -> list[str]:
+        if self.tools is None:
+            return []
+        names = self.tools.names()
+        return names if task.tools is None else [n for n in task.tools if n in names]
+
+    def _template(self, tool_names: list[str] | None) -> ChatTemplate:
+        key = None if tool_names is None else tuple(tool_names)
+        if key not in self._templates:
+            schemas = None if self.tools is None else self.tools.schemas(tool_names)
+            self._templates[key] = ChatTemplate(self.tokenizer, schemas)
+        return self._templates[key]
+
+    def _session(self, task: Task):
+        if self.tools is None:
+            return contextlib.nullcontext(None)
+        return self.tools.episode_session(task.tools_kwargs or None)
+
+
+__all__ = ["ToolAgentLoop", "generation_eos_ids", "CALL_FORMAT_HINT"]

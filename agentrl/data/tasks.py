@@ -1,0 +1,158 @@
+"""Task files -> `Task`s. JSONL or parquet; project rows and verl-style rows.
+
+Project row:
+    {"prompt": [messages], "tools": [names] | null, "reward": {"type": ..., "ground_truth": ..., ...},
+     "data_source": str, "tools_kwargs": {tool: {...}}, "task_id": str, "extra": {...}}
+verl-style row (as written by verl's data preprocessing):
+    {"prompt": [messages], "data_source": str, "reward_model": {"style": "rule", "ground_truth": ...},
+     "extra_info": {"index": ..., "tools_kwargs": {...}, ...}, "agent_name": "tool_agent", "ability": ...}
+    -> reward {"type": `verl_reward_type` (default "exact_match"), "ground_truth": ...}; tools None (all tools);
+    extra_info, agent_name and ability are kept in `Task.extra`.
+
+A malformed row raises `TaskFormatError` naming the file, the 1-based row number and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agentrl.types import Task
+
+_ROLES = ("system", "user", "assistant", "tool")
+_PROJECT_FIELDS = {"prompt", "tools", "reward", "data_source", "tools_kwargs", "task_id", "extra"}
+
+
+class TaskFormatError(ValueError):
+    """A task row is malformed; the message names the file, the row and the field."""
+
+
+def load_tasks(path: str | Path, *, verl_reward_type: str = "exact_match", limit: int | None = None) -> list[Task]:
+    """Read every row of a .jsonl/.json-lines or .parquet file as a Task (the first `limit` rows if given)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"task file {p} does not exist")
+    rows = _read_parquet(p) if p.suffix == ".parquet" else _read_jsonl(p)
+    tasks = []
+    for number, row in rows:
+        if limit is not None and len(tasks) >= limit:
+            break
+        tasks.append(task_from_row(row, where=f"{p}:row {number}", verl_reward_type=verl_reward_type))
+    return tasks
+
+
+def _read_jsonl(p: Path):
+    with p.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskFormatError(f"{p}:row {number}: not valid JSON ({e.msg} at column {e.colno})") from None
+
+
+def _read_parquet(p: Path):
+    import pyarrow.parquet as pq
+
+    for number, row in enumerate(pq.read_table(p).to_pylist(), start=1):
+        yield number, row
+
+
+def task_from_row(row: Any, *, where: str = "row", verl_reward_type: str = "exact_match") -> Task:
+    """One row (dict) -> Task; `where` prefixes every error ("file:row N")."""
+    if not isinstance(row, dict):
+        raise TaskFormatError(f"{where}: a task row must be a JSON object, got {type(row).__name__}")
+    if "reward_model" in row and "reward" not in row:
+        return _verl_row(row, where, verl_reward_type)
+    unknown = sorted(set(row) - _PROJECT_FIELDS)
+    if unknown:
+        raise TaskFormatError(f"{where}: unknown field(s) {unknown}; a task row has {sorted(_PROJECT_FIELDS)} "
+                              "(or is a verl row with 'reward_model')")
+    if "reward" not in row:
+        raise TaskFormatError(f"{where}: missing field 'reward' (e.g. {{\"type\": \"exact_match\", "
+                              "\"ground_truth\": \"Paris\"}})")
+    reward = row["reward"]
+    if not isinstance(reward, dict) or not isinstance(reward.get("type"), str):
+        raise TaskFormatError(f"{where}: field 'reward' must be an object with a 'type' string, got {reward!r}")
+    tools = row.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
+        raise TaskFormatError(f"{where}: field 'tools' must be a list of tool names or null, got {tools!r}")
+    return Task(
+        prompt=_messages(row, where),
+        reward=reward,
+        tools=tools,
+        data_source=_str_field(row, "data_source", where, default="unknown"),
+        tools_kwargs=_dict_field(row, "tools_kwargs", where),
+        task_id=_str_field(row, "task_id", where, default=""),
+        extra=_dict_field(row, "extra", where),
+    )
+
+
+def _verl_row(row: dict, where: str, reward_type: str) -> Task:
+    spec = row["reward_model"]
+    if not isinstance(spec, dict) or "ground_truth" not in spec:
+        raise TaskFormatError(f"{where}: verl field 'reward_model' must be an object with 'ground_truth', got {spec!r}")
+    extra_info = row.get("extra_info") or {}
+    if not isinstance(extra_info, dict):
+        raise TaskFormatError(f"{where}: verl field 'extra_info' must be an object, got {type(extra_info).__name__}")
+    tools_kwargs = extra_info.get("tools_kwargs") or {}
+    if not isinstance(tools_kwargs, dict):
+        raise TaskFormatError(f"{where}: verl field 'extra_info.tools_kwargs' must be an object, got {tools_kwargs!r}")
+    index = extra_info.get("index")
+    extra = {"extra_info": extra_info}
+    for key in ("agent_name", "ability"):
+        if key in row:
+            extra[key] = row[key]
+    source = _str_field(row, "data_source", where, default="unknown")
+    return Task(
+        prompt=_messages(row, where),
+        reward={"type": reward_type, "ground_truth": spec["ground_truth"]},
+        tools=None,
+        data_source=source,
+        tools_kwargs=tools_kwargs,
+        task_id="" if index is None else f"{source}-{index}",
+        extra=extra,
+    )
+
+
+def _messages(row: dict, where: str) -> list[dict]:
+    if "prompt" not in row:
+        raise TaskFormatError(f"{where}: missing field 'prompt' (a list of messages like "
+                              "[{\"role\": \"user\", \"content\": \"...\"}])")
+    prompt = row["prompt"]
+    if not isinstance(prompt, list) or not prompt:
+        raise TaskFormatError(f"{where}: field 'prompt' must be a non-empty list of messages, got {prompt!r:.200}")
+    messages = []
+    for i, m in enumerate(prompt):
+        if not isinstance(m, dict):
+            raise TaskFormatError(f"{where}: prompt[{i}] must be an object with 'role' and 'content'")
+        if m.get("role") not in _ROLES:
+            raise TaskFormatError(f"{where}: prompt[{i}].role is {m.get('role')!r}; expected one of {_ROLES}")
+        if not isinstance(m.get("content"), str):
+            raise TaskFormatError(f"{where}: prompt[{i}].content must be a string, got {m.get('content')!r:.80}")
+        # parquet rows carry every struct field (None where absent); keep the message minimal
+        messages.append({k: v for k, v in m.items() if v is not None})
+    return messages
+
+
+def _str_field(row: dict, key: str, where: str, *, default: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise TaskFormatError(f"{where}: field '{key}' must be a string, got {value!r}")
+    return value
+
+
+def _dict_field(row: dict, key: str, where: str) -> dict:
+    value = row.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TaskFormatError(f"{where}: field '{key}' must be an object, got {value!r:.200}")
+    return value
+
+
+__all__ = ["load_tasks", "task_from_row", "TaskFormatError"]
