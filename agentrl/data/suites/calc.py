@@ -4,7 +4,7 @@ A problem is a short story whose numbers appear in the text in the order they ap
 skill a small model must learn is *translation*, not arithmetic: copy each number digit by digit into a
 `calculator` call, insert the operator each phrase implies ("gets N more" -> `+ N`, "gives away N" -> `- N`,
 "A boxes of B each" -> `A * B`, "shares A among B" -> `A / B`), then copy the tool's result into
-`<answer>...</answer>`. Operands have 2+ digits, so guessing the result is hopeless.
+`<answer>...</answer>`. Operands have 2+ digits (divisors 2-99), so guessing a result is hopeless.
 
 Splits differ in distribution, not only seed:
 
@@ -15,6 +15,8 @@ Splits differ in distribution, not only seed:
 
 so no held-out problem can occur in training (train operands are < 10000). Every result is a non-negative
 integer (division only when exact), and the ground truth is computed on Python ints, not by evaluating text.
+The reward is `numeric` with tolerance 0 (exact): the numeric reward's default 1e-6 is also a *relative*
+tolerance, which would accept an 11-digit answer with its last four digits wrong.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def make_tasks(split: str, n: int, seed: int = 0) -> list[dict]:
             if not spec.big_digits or max(len(str(x)) for x in p.operands) >= spec.big_digits:
                 break
         return task_row(NAME, split, system=SYSTEM, user=p.text, tools=TOOLS,
-                        reward={"type": "numeric", "ground_truth": str(p.value), "tolerance": 1e-6},
+                        reward={"type": "numeric", "ground_truth": str(p.value), "tolerance": 0.0},
                         extra={"expression": p.expression, "operands": p.operands,
                                "num_ops": p.expression.count(" ") // 2})
 

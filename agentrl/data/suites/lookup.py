@@ -112,9 +112,12 @@ def make_tasks(split: str, n: int, seed: int = 0, *, kb_path: str) -> tuple[list
     two_hop = [q for q in QUESTIONS if len(q[1]) == 2]
 
     def one() -> dict:
-        kind, relations, template = rng.choice(two_hop if rng.random() < TWO_HOP_SHARE[split] else one_hop)
-        entity = rng.choice(kb.kinds[kind])
-        chain = kb.follow(entity, relations)
+        while True:
+            kind, relations, template = rng.choice(two_hop if rng.random() < TWO_HOP_SHARE[split] else one_hop)
+            entity = rng.choice(kb.kinds[kind])
+            chain = kb.follow(entity, relations)
+            if chain[-1] != entity:  # "Who manages the company X works for?" where X is that manager: too easy
+                break
         return task_row(NAME, split, system=SYSTEM, user=template.format(e=entity), tools=TOOLS,
                         reward={"type": "exact_match", "ground_truth": chain[-1]},
                         tools_kwargs={"lookup": {"kb_path": kb_path}},

@@ -1,0 +1,200 @@
+"""Procedural suites: determinism, split shift, held-out disjointness, ground truths, demos and the CLI."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import operator
+import re
+from pathlib import Path
+
+import pytest
+
+from agentrl.cli import main
+from agentrl.data.suites import SUITES, make_suite, write_suite
+from agentrl.data.suites.demos import make_demos
+
+N = 200
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _tasks(suite: str, split: str, n: int = N, seed: int = 0, tmp: Path | None = None) -> list[dict]:
+    return make_suite(suite, split, n, seed, kb_path=(tmp or Path("/nonexistent")) / f"{split}.kb.jsonl")[0]
+
+
+def _user(task: dict) -> str:
+    return task["prompt"][-1]["content"]
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_same_seed_same_bytes_other_seed_other_tasks(suite, tmp_path):
+    out = tmp_path / "t.jsonl"
+    first = [p.read_bytes() for p in write_suite(suite, "train", 50, out, seed=3)]
+    again = [p.read_bytes() for p in write_suite(suite, "train", 50, out, seed=3)]
+    assert first == again
+    other = write_suite(suite, "train", 50, out, seed=4)[0].read_bytes()
+    assert other != first[0]
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_rows_follow_the_task_format_and_heldout_never_appears_in_train(suite):
+    train, heldout = _tasks(suite, "train"), _tasks(suite, "heldout")
+    for split, rows in (("train", train), ("heldout", heldout)):
+        assert len({r["task_id"] for r in rows}) == len(rows) == N
+        for r in rows:
+            assert [m["role"] for m in r["prompt"]] == ["system", "user"]
+            assert r["data_source"] == f"{suite}/{split}"
+            assert r["tools"] == {"calc": ["calculator"], "lookup": ["lookup"], "code": ["python"]}[suite]
+            assert r["task_id"].startswith(f"{suite}-{split}-")
+            assert len(_user(r)) < 400, "prompts must stay short for a ~1-2k-token context"
+    assert not {_user(r) for r in train} & {_user(r) for r in heldout}
+
+
+def _operands(task: dict) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", _user(task))]
+
+
+def test_calc_heldout_has_larger_numbers_and_longer_chains():
+    train, heldout = _tasks("calc", "train"), _tasks("calc", "heldout")
+    assert all(x < 10**4 for t in train for x in _operands(t)), "train operands have at most 4 digits"
+    assert all(max(_operands(t)) >= 10**4 for t in heldout), "every held-out problem has a 5+ digit operand"
+    assert max(t["extra"]["num_ops"] for t in train) == 2
+    assert max(t["extra"]["num_ops"] for t in heldout) == 3
+
+
+def _safe_eval(expression: str) -> int:
+    """An evaluator written for this test, independent of the suite and of the calculator tool."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+    def ev(node):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node.op, ast.Div):
+            num, den = ev(node.left), ev(node.right)
+            assert num % den == 0, f"{expression}: division must be exact"
+            return num // den
+        return ops[type(node.op)](ev(node.left), ev(node.right))
+
+    return ev(ast.parse(expression, mode="eval").body)
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_calc_ground_truth_is_the_value_of_the_numbers_in_the_question(split):
+    for task in _tasks("calc", split):
+        expression = task["extra"]["expression"]
+        # The expression uses the question's numbers in the question's order: copying them is all it takes.
+        assert [int(x) for x in re.findall(r"\d+", expression)] == _operands(task)
+        value = _safe_eval(expression)
+        assert value >= 0
+        assert task["reward"] == {"type": "numeric", "ground_truth": str(value), "tolerance": 0.0}
+
+
+def _kb(tmp_path: Path, split: str, n: int = N) -> tuple[list[dict], dict[str, dict]]:
+    paths = write_suite("lookup", split, n, tmp_path / f"{split}.jsonl")
+    kb = {row["entity"]: row["facts"] for row in _rows(paths[1])}
+    return _rows(paths[0]), kb
+
+
+def test_lookup_heldout_entities_are_unseen_and_mostly_two_hop(tmp_path):
+    train, train_kb = _kb(tmp_path, "train")
+    heldout, heldout_kb = _kb(tmp_path, "heldout")
+    assert not set(train_kb) & set(heldout_kb)
+    train_values = {v for facts in train_kb.values() for v in facts.values()}
+    assert not train_values & set(heldout_kb), "no held-out entity is even mentioned in the train KB"
+
+    def two_hop_share(tasks):
+        return sum(len(t["extra"]["relations"]) == 2 for t in tasks) / len(tasks)
+
+    assert two_hop_share(train) < 0.45 < 0.55 < two_hop_share(heldout)
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_lookup_ground_truth_follows_the_kb_file_from_the_entity_in_the_question(tmp_path, split):
+    tasks, kb = _kb(tmp_path, split)
+    kb_file = str((tmp_path / f"{split}.kb.jsonl").resolve())
+    for task in tasks:
+        assert task["tools_kwargs"] == {"lookup": {"kb_path": kb_file}}
+        entity = task["extra"]["entity"]
+        assert entity in _user(task)
+        current = entity
+        for relation in task["extra"]["relations"]:
+            current = kb[current][relation]
+        assert task["reward"] == {"type": "exact_match", "ground_truth": current}
+        assert current not in _user(task)
+
+
+def _run_tests(code: str, tests: str) -> bool:
+    scope: dict = {}
+    exec(code, scope)  # noqa: S102 - the suite's own reference solutions
+    try:
+        exec(tests, scope)  # noqa: S102
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_code_reference_solutions_pass_the_unit_tests_and_wrong_ones_fail(split):
+    tasks = _tasks("code", split, n=100)
+    for task in tasks:
+        reward, extra = task["reward"], task["extra"]
+        assert reward["type"] == "unit_tests"
+        assert f"{reward['entry_point']}(xs)" in _user(task)
+        assert _run_tests(extra["solution"], reward["tests"]), task["task_id"]
+        # The tests discriminate: a function that ignores the pipeline's last step fails them.
+        body = extra["solution"].splitlines()
+        wrong = "\n".join(body[:-1] + ["    return None"])
+        assert not _run_tests(wrong, reward["tests"])
+    steps = [t["extra"]["num_steps"] for t in tasks]
+    assert (min(steps), max(steps)) == ((0, 2) if split == "train" else (1, 3))
+
+
+def test_code_function_names_are_disjoint_between_splits():
+    train = {t["reward"]["entry_point"] for t in _tasks("code", "train")}
+    heldout = {t["reward"]["entry_point"] for t in _tasks("code", "heldout")}
+    assert train and heldout and not train & heldout
+
+
+def _final_answer(messages: list[dict]) -> str:
+    return re.fullmatch(r"<answer>(.*)</answer>", messages[-1]["content"]).group(1)
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_calc_and_lookup_demos_reach_the_truth_through_the_real_tools(tmp_path, split):
+    from agentrl.tools.builtin.calculator import calculator
+    from agentrl.tools.builtin.lookup import format_facts
+
+    calc = _tasks("calc", split, n=30)
+    lookup, kb = _kb(tmp_path, split, n=30)
+    rows = asyncio.run(make_demos(calc + lookup))
+    assert [r["task_id"] for r in rows] == [t["task_id"] for t in calc + lookup]
+    for task, row in zip(calc + lookup, rows):
+        messages = row["messages"]
+        assert messages[:2] == task["prompt"]
+        assert _final_answer(messages) == task["reward"]["ground_truth"]
+        calls = [m for m in messages if m.get("tool_calls")]
+        results = [m for m in messages if m["role"] == "tool"]
+        assert len(calls) == len(results) == (1 if task in calc else len(task["extra"]["relations"]))
+        for call, result in zip(calls, results):
+            fn = call["tool_calls"][0]["function"]
+            if fn["name"] == "calculator":
+                assert result["content"] == calculator(**fn["arguments"])
+            else:
+                assert result["content"] == format_facts(fn["arguments"]["entity"], kb[fn["arguments"]["entity"]])
+        assert [s["function"]["name"] for s in row["tools"]] == task["tools"]
+
+
+def test_cli_writes_tasks_and_demos(tmp_path, capsys):
+    out = tmp_path / "lookup.jsonl"
+    assert main(["data", "make", "lookup", "--split", "heldout", "--n", "20", str(out), "--seed", "1"]) == 0
+    assert len(_rows(out)) == 20 and (tmp_path / "lookup.kb.jsonl").is_file()
+    demos = tmp_path / "sft.jsonl"
+    assert main(["data", "demos", "calc", "--n", "10", str(demos)]) == 0
+    rows = _rows(demos)
+    assert len(rows) == 10 and all(r["messages"][-1]["content"].startswith("<answer>") for r in rows)
+    assert len(_rows(tmp_path / "sft.tasks.jsonl")) == 10
+    assert "wrote 10 calc/train demonstrations" in capsys.readouterr().out
