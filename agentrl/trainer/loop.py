@@ -1,0 +1,288 @@
+"""The GRPO loop for tool-using agents, top to bottom.
+
+    for step in 1..total_steps:
+        tasks    = sampler.next()                                  (data.train_batch_size prompts)
+        episodes = rollout.generate(tasks)                         (rollout.n per prompt, rewards filled in)
+        drop infra-failed episodes                                 (counted, never trained as reward 0)
+        [drop zero-variance groups, refill from new tasks]         (algorithm.filter_zero_variance_groups)
+        advantages = grpo_advantages(rewards, uids)
+        batch = episodes_to_batch(...)
+        old_logprobs = policy(batch)      ref_logprobs = reference(batch)     (training weights, rollout T)
+        actor metrics = update_policy(batch)                       (epochs x mini-batches x micro-batches)
+        sync weights -> engine                                     (state dict / update_weights_from_disk)
+        log metrics; validate every test_freq; checkpoint every save_freq
+
+Entry points: `train(cfg)` (blocking) and `run(cfg)` (async). `agentrl train CONFIG [overrides]` calls `train`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from agentrl.config import save_config, to_dict
+from agentrl.trainer.algos import grpo_advantages
+from agentrl.trainer.batch import episodes_to_batch
+from agentrl.trainer.checkpoint import (begin_checkpoint, checkpoint_step, commit_checkpoint, load_driver_state,
+                                        prune_checkpoints, resolve_resume, save_driver_state)
+from agentrl.trainer.config import TrainConfig
+from agentrl.trainer.metrics import MetricsLogger, advantage_metrics, drift_metrics, episode_metrics
+from agentrl.trainer.weight_sync import sync_weights
+from agentrl.types import Episode, Task
+
+
+class TaskSampler:
+    """Epoch-wise (optionally shuffled) pass over the training tasks; its position is checkpointed."""
+
+    def __init__(self, tasks: list[Task], batch_size: int, *, shuffle: bool, seed: int):
+        if not tasks:
+            raise ValueError("no training tasks: data.train_files is empty or its files hold no rows")
+        self.tasks, self.batch_size, self.shuffle, self.seed = tasks, batch_size, shuffle, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.tasks)))
+        return torch.randperm(len(self.tasks), generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def next(self, count: int | None = None) -> list[Task]:
+        out = []
+        for _ in range(count or self.batch_size):
+            if self.index == len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self.tasks[self._order[self.index]])
+            self.index += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._order = self._permutation()
+
+
+def group_by_uid(episodes: list[Episode]) -> dict[str, list[Episode]]:
+    groups: dict[str, list[Episode]] = defaultdict(list)
+    for ep in episodes:
+        groups[ep.uid].append(ep)
+    return groups
+
+
+def has_signal(group: list[Episode]) -> bool:
+    """A group teaches something only if its rewards differ (otherwise every GRPO advantage is 0)."""
+    return len(group) > 1 and len({ep.reward for ep in group}) > 1
+
+
+def load_task_files(paths: list[str]) -> list[Task]:
+    from agentrl.data.tasks import load_tasks
+
+    return [task for path in paths for task in load_tasks(path)]
+
+
+async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig, step: int) -> tuple[list[Episode], dict, list[Episode]]:
+    """Roll out one step's tasks; drop infra failures; optionally keep only groups with reward variance,
+    refilling from new tasks (DAPO dynamic sampling) for up to `algorithm.max_filter_rounds` extra rounds.
+    Returns (episodes to train on, data stats, every episode generated)."""
+    stats = defaultdict(float)
+    kept: list[list[Episode]] = []
+    all_episodes: list[Episode] = []
+    rounds = 1 + (cfg.algorithm.max_filter_rounds if cfg.algorithm.filter_zero_variance_groups else 0)
+    for round_index in range(rounds):
+        wanted = cfg.data.train_batch_size - len(kept)
+        episodes = await rollout.generate(sampler.next(wanted), step=step)
+        for ep in episodes:  # uids restart at task0 each call: make refill rounds distinct groups
+            ep.uid = f"{ep.uid}-r{round_index}"
+        all_episodes += episodes
+        stats["data/infra_failed"] += sum(ep.infra_error for ep in episodes)
+        for group in group_by_uid([ep for ep in episodes if not ep.infra_error]).values():
+            if not has_signal(group):
+                stats["data/zero_var_groups"] += 1
+                if cfg.algorithm.filter_zero_variance_groups:
+                    continue
+            kept.append(group)
+        stats["data/rollout_rounds"] = round_index + 1
+        if len(kept) >= cfg.data.train_batch_size:
+            break
+    kept = kept[: cfg.data.train_batch_size]
+    stats["data/groups"] = len(kept)
+    stats["data/episodes_generated"] = len(all_episodes)
+    return [ep for group in kept for ep in group], dict(stats), all_episodes
+
+
+async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, engine, pad_token_id: int) -> dict:
+    """One RL step; returns its metrics."""
+    from agentrl.agent_loop.rollout import rollout_metrics
+
+    t_step = time.perf_counter()
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy logprobs are T=1
+    timing: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    episodes, data_stats, generated = await collect_episodes(rollout, sampler, cfg, step)
+    timing["timing/rollout_s"] = time.perf_counter() - t0
+    metrics = {**data_stats, **rollout_metrics(generated), **episode_metrics(episodes)}
+    if not episodes:  # nothing trainable this step (all infra failures or all zero-variance): skip the update
+        metrics["data/skipped_update"] = 1.0
+        timing["timing/step_s"] = time.perf_counter() - t_step
+        return {**metrics, **timing}
+
+    t0 = time.perf_counter()
+    rewards_B = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
+    adv_B = grpo_advantages(rewards_B, [ep.uid for ep in episodes], norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo)
+    batch = episodes_to_batch(episodes, pad_token_id, adv_B.tolist())
+    metrics.update(advantage_metrics(adv_B))
+    timing["timing/batch_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    batch["old_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature)
+    timing["timing/old_logprob_s"] = time.perf_counter() - t0
+    if cfg.actor.use_kl_loss:
+        t0 = time.perf_counter()
+        batch["ref_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature, ref=True)
+        timing["timing/ref_logprob_s"] = time.perf_counter() - t0
+    metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"], batch["loss_mask"],
+                                 batch["turn_ids"], max_turns=cfg.agent.max_assistant_turns))
+
+    t0 = time.perf_counter()
+    actor = workers.update_policy(batch, temperature=temperature,
+                                  mini_batch_size=cfg.actor.ppo_mini_batch_size * cfg.rollout.n,
+                                  epochs=cfg.actor.ppo_epochs, shuffle=cfg.actor.shuffle,
+                                  seed=cfg.trainer.seed * 1_000_003 + step)
+    timing["timing/update_s"] = time.perf_counter() - t0
+    metrics.update({f"actor/{k}": v for k, v in actor.items()})
+
+    t0 = time.perf_counter()
+    metrics.update(await sync_weights(workers.full_state_dict(), engine, backend=cfg.engine.backend,
+                                      model_path=cfg.model.path, run_dir=cfg.trainer.run_dir, step=step))
+    timing["timing/sync_s"] = time.perf_counter() - t0
+
+    tokens = int(batch["seq_lens"].sum())
+    timing["timing/step_s"] = time.perf_counter() - t_step
+    trainer_s = sum(timing.get(k, 0.0) for k in ("timing/old_logprob_s", "timing/ref_logprob_s", "timing/update_s"))
+    timing["timing/driver_overhead_frac"] = (timing["timing/step_s"] - timing["timing/rollout_s"] - trainer_s) / \
+        timing["timing/step_s"]
+    timing["perf/update_tokens_per_s"] = tokens * cfg.actor.ppo_epochs / max(timing["timing/update_s"], 1e-9)
+    timing["perf/rollout_model_tokens_per_s"] = float(batch["loss_mask"].sum()) / max(timing["timing/rollout_s"], 1e-9)
+    timing["perf/batch_tokens"] = float(tokens)
+    return {**metrics, **timing}
+
+
+async def validate(val_rollout, tasks: list[Task], step: int) -> dict[str, float]:
+    t0 = time.perf_counter()
+    episodes = await val_rollout.generate(tasks, step=step)
+    ok = [ep for ep in episodes if not ep.infra_error]
+    return {**episode_metrics(ok, prefix="val/"), "val/infra_failed": float(len(episodes) - len(ok)),
+            "val/episodes": float(len(episodes)), "timing/val_s": time.perf_counter() - t0}
+
+
+def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int) -> Path:
+    tmp = begin_checkpoint(cfg.trainer.run_dir, step)
+    workers.save_checkpoint(tmp)
+    save_driver_state(tmp, {"step": step, "sampler": sampler.state_dict()})
+    final = commit_checkpoint(tmp, step)
+    prune_checkpoints(cfg.trainer.run_dir, cfg.trainer.keep_checkpoints)
+    return final
+
+
+def _seed_everything(cfg: TrainConfig) -> TrainConfig:
+    random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    if cfg.trainer.deterministic:
+        torch.use_deterministic_algorithms(True)
+        if cfg.rollout.seed is None:  # seeded sampling: the same step draws the same episodes after a resume
+            cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, seed=cfg.trainer.seed))
+    return cfg
+
+
+async def run(cfg: TrainConfig) -> dict[str, float]:
+    """Train; returns the last step's metrics. Resumes from `trainer.resume` (default: latest checkpoint)."""
+    import ray
+    from transformers import AutoTokenizer
+
+    from agentrl.agent_loop.rollout import RolloutManager
+    from agentrl.inference import make_engine
+    from agentrl.tools.client import ToolRegistry
+    from agentrl.trainer.worker import WorkerGroup
+
+    cfg = _seed_everything(cfg)
+    run_dir = Path(cfg.trainer.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sampler = TaskSampler(load_task_files(cfg.data.train_files), cfg.data.train_batch_size,
+                          shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+    val_tasks = load_task_files(cfg.data.val_files)[: cfg.data.val_batch_size] if cfg.data.val_files else []
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(address=cfg.trainer.ray_address, num_cpus=cfg.trainer.ray_num_cpus, include_dashboard=False,
+                 log_to_driver=True)
+    workers = engine = tools = logger = None
+    try:
+        workers = WorkerGroup(cfg.model, cfg.actor, with_ref=cfg.actor.use_kl_loss, total_steps=cfg.trainer.total_steps,
+                              seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
+        engine = make_engine(cfg.engine, cfg.model.path)
+        tools = ToolRegistry.from_tools_config(cfg.tools)
+        rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout, cfg.reward, run_dir=run_dir)
+        val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, dataclasses.replace(
+            cfg.rollout, n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False),
+            cfg.reward, run_dir=None)
+        logger = MetricsLogger(run_dir, cfg.trainer.loggers, project=cfg.trainer.project,
+                               experiment=cfg.trainer.experiment, config=to_dict(cfg))
+
+        start = 0
+        resume_from = resolve_resume(cfg.trainer.resume, run_dir)
+        if resume_from is not None:
+            workers.load_checkpoint(resume_from)
+            state = load_driver_state(resume_from)
+            sampler.load_state_dict(state["sampler"])
+            start = state["step"]
+            await sync_weights(workers.full_state_dict(), engine, backend=cfg.engine.backend,
+                               model_path=cfg.model.path, run_dir=run_dir, step=start)
+            print(f"resumed from {resume_from} (step {checkpoint_step(resume_from)})", flush=True)
+
+        if val_tasks and cfg.trainer.test_freq and start == 0:
+            logger.log(0, await validate(val_rollout, val_tasks, 0))
+        metrics: dict[str, float] = {}
+        for step in range(start + 1, cfg.trainer.total_steps + 1):
+            metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers, engine=engine,
+                                       pad_token_id=pad_token_id)
+            last = step == cfg.trainer.total_steps
+            if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
+                metrics.update(await validate(val_rollout, val_tasks, step))
+            if cfg.trainer.save_freq and (step % cfg.trainer.save_freq == 0 or last):
+                t0 = time.perf_counter()
+                save_checkpoint(cfg, workers, sampler, step)
+                metrics["timing/save_s"] = time.perf_counter() - t0
+            logger.log(step, metrics)
+        return metrics
+    finally:
+        if logger is not None:
+            logger.close()
+        if tools is not None:
+            await tools.aclose()
+        close = getattr(engine, "close", None)  # LocalEngine and SGLangEngine close their threads / clients
+        if close is not None:
+            await close()
+        if workers is not None:
+            workers.shutdown()
+        if started_ray:
+            ray.shutdown()
+
+
+def train(cfg: TrainConfig) -> dict[str, float]:
+    return asyncio.run(run(cfg))
+
+
+__all__ = ["train", "run", "train_step", "collect_episodes", "validate", "TaskSampler", "save_checkpoint",
+           "group_by_uid", "has_signal"]

@@ -1,0 +1,173 @@
+"""Step metrics: pure functions from episodes / batch tensors to flat dicts, and the loggers that write them.
+
+Names are grouped by prefix: `reward/`, `episode/`, `tools/`, `adv/`, `actor/`, `drift/`, `timing/`, `perf/`,
+`data/`, `val/`. Every step writes one JSON line to `run_dir/metrics.jsonl`, one compact console line, and
+optionally TensorBoard (`tensorboard` in trainer.loggers) and W&B (`wandb`) scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from agentrl.types import Episode
+
+SUCCESS_REWARD = 1.0  # an episode "succeeds" when it earns full reward
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return 0.0, 0.0
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / len(values)
+    return mean, math.sqrt(var)
+
+
+def episode_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
+    """Reward, length, turn and tool statistics of the episodes that are trained on (or validated)."""
+    if not episodes:
+        return {}
+    rewards = [ep.reward for ep in episodes]
+    mean, std = _mean_std(rewards)
+    out = {
+        f"{prefix}reward/mean": mean,
+        f"{prefix}reward/std": std,
+        f"{prefix}reward/max": max(rewards),
+        f"{prefix}reward/min": min(rewards),
+        f"{prefix}reward/success_rate": sum(r >= SUCCESS_REWARD - 1e-9 for r in rewards) / len(rewards),
+        f"{prefix}episode/model_tokens_mean": _mean_std([float(sum(ep.response_mask)) for ep in episodes])[0],
+        f"{prefix}episode/response_tokens_mean": _mean_std([float(len(ep.response_ids)) for ep in episodes])[0],
+        f"{prefix}episode/response_tokens_max": float(max(len(ep.response_ids) for ep in episodes)),
+        f"{prefix}episode/prompt_tokens_mean": _mean_std([float(len(ep.prompt_ids)) for ep in episodes])[0],
+        f"{prefix}episode/num_turns_mean": _mean_std([float(ep.num_turns) for ep in episodes])[0],
+        f"{prefix}tools/calls_per_episode": _mean_std([float(len(ep.tool_calls)) for ep in episodes])[0],
+    }
+    for reason, count in Counter(ep.finish_reason for ep in episodes).items():
+        out[f"{prefix}episode/finish_{reason}"] = count / len(episodes)
+    errors: Counter = Counter()
+    calls = 0
+    for ep in episodes:
+        calls += len(ep.tool_calls)
+        for key, value in ep.metrics.items():
+            if key.startswith("tool_error_") and isinstance(value, (int, float)):
+                errors[key.removeprefix("tool_error_")] += value
+    out[f"{prefix}tools/calls"] = float(calls)
+    out[f"{prefix}tools/errors"] = float(sum(errors.values()))
+    for kind, count in errors.items():
+        out[f"{prefix}tools/errors_{kind}"] = float(count)
+    return out
+
+
+def advantage_metrics(adv_B: torch.Tensor) -> dict[str, float]:
+    if adv_B.numel() == 0:
+        return {}
+    return {"adv/mean": float(adv_B.mean()), "adv/std": float(adv_B.std(unbiased=False)),
+            "adv/max": float(adv_B.max()), "adv/min": float(adv_B.min()),
+            "adv/zero_frac": float((adv_B == 0).float().mean())}
+
+
+def drift_metrics(rollout_logprobs_B_L: torch.Tensor, old_logprobs_B_L: torch.Tensor, loss_mask_B_L: torch.Tensor,
+                  turn_ids_B_L: torch.Tensor | None = None, max_turns: int = 8) -> dict[str, float]:
+    """Rollout-vs-trainer logprob drift |rollout_logp - old_logp| on loss tokens, overall and per turn index.
+
+    Large drift means the engine and the trainer disagree about the policy (stale weights, dtype, kernel or
+    temperature mismatch) and the PPO ratio is no longer anchored to the sampling policy.
+    """
+    mask = loss_mask_B_L.bool()
+    if not bool(mask.any()):
+        return {}
+    diff = (rollout_logprobs_B_L - old_logprobs_B_L).abs()
+    out = {"drift/abs_mean": float(diff[mask].mean()), "drift/abs_max": float(diff[mask].max()),
+           "drift/rollout_minus_old_mean": float((rollout_logprobs_B_L - old_logprobs_B_L)[mask].mean())}
+    if turn_ids_B_L is not None:
+        for turn in range(max_turns):
+            sel = mask & (turn_ids_B_L == turn)
+            if bool(sel.any()):
+                out[f"drift/turn{turn}_abs_mean"] = float(diff[sel].mean())
+                out[f"drift/turn{turn}_abs_max"] = float(diff[sel].max())
+    return out
+
+
+_CONSOLE_KEYS = [("reward/mean", "reward", "{:.3f}"), ("reward/success_rate", "succ", "{:.2f}"),
+                 ("actor/pg_loss", "pg", "{:+.4f}"), ("actor/kl_loss", "kl", "{:.4f}"),
+                 ("actor/entropy", "ent", "{:.3f}"), ("actor/grad_norm", "gnorm", "{:.3f}"),
+                 ("drift/abs_max", "drift", "{:.1e}"), ("episode/response_tokens_mean", "len", "{:.0f}"),
+                 ("data/infra_failed", "infra", "{:.0f}"), ("data/zero_var_groups", "zvar", "{:.0f}"),
+                 ("val/reward/mean", "val", "{:.3f}"), ("timing/step_s", "s", "{:.1f}")]
+
+
+def console_line(step: int, metrics: dict[str, float]) -> str:
+    parts = [f"step {step}"]
+    for key, label, fmt in _CONSOLE_KEYS:
+        if key in metrics:
+            parts.append(f"{label} {fmt.format(metrics[key])}")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Writes each step's metrics to the configured sinks: console, jsonl, tensorboard, wandb."""
+
+    def __init__(self, run_dir: str | Path, loggers: list[str], *, project: str = "agentrl", experiment: str = "",
+                 config: dict | None = None, stream=None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.loggers = list(loggers)
+        self.stream = stream or sys.stdout
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if "jsonl" in self.loggers else None
+        self._tb = None
+        self._wandb = None
+        name = experiment or self.run_dir.name
+        if "tensorboard" in self.loggers:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ImportError("trainer.loggers has 'tensorboard' but the tensorboard package is missing: "
+                                  "pip install tensorboard, or drop it from trainer.loggers") from e
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard" / name))
+        if "wandb" in self.loggers:
+            try:
+                import wandb
+            except ImportError as e:
+                raise ImportError("trainer.loggers has 'wandb' but wandb is not installed: pip install wandb, "
+                                  "or drop it from trainer.loggers") from e
+            self._wandb = wandb.init(project=project, name=name, config=config, dir=str(self.run_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+            self._jsonl.flush()
+        if "console" in self.loggers:
+            print(console_line(step, clean), file=self.stream, flush=True)
+        if self._tb is not None:
+            for key, value in clean.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """All rows of run_dir/metrics.jsonl (a resumed run appends; later rows for a step win)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+__all__ = ["episode_metrics", "advantage_metrics", "drift_metrics", "console_line", "MetricsLogger",
+           "read_metrics", "SUCCESS_REWARD"]

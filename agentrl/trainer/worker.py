@@ -1,0 +1,446 @@
+"""The FSDP2 policy worker (one per rank, a Ray actor) and the group that drives its ranks.
+
+`PolicyWorker` holds one shard of the policy (and of the frozen reference policy when the KL loss is on),
+the AdamW optimizer and the LR schedule. It is deliberately dumb: the driver (`WorkerGroup`) decides which rows
+go to which rank and micro-batch (`agentrl.trainer.batch.plan_micro_batches`) and passes the global token and
+sequence counts of every mini-batch, so every rank runs the same number of forwards (FSDP collectives match)
+and the objective does not depend on how a mini-batch is cut.
+
+Losses (per micro-batch, summed over micro-batches by gradient accumulation = the mini-batch objective):
+    PPO/GRPO   policy_loss_vanilla + kl_loss_coef * agg(kl_penalty) - entropy_coeff * agg(entropy)
+    SFT        agg(-logp) on loss-mask tokens (`update_sft`: the same micro-batching, for supervised
+               fine-tuning on tool transcripts)
+FSDP averages gradients over ranks; the global counts already normalise the loss, so each rank's loss is
+multiplied by the world size before backward.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import socket
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+
+from agentrl.trainer.algos import (agg_loss, entropy_from_logits, kl_penalty, logprobs_from_logits, masked_sum,
+                                   policy_loss_vanilla)
+from agentrl.trainer.batch import MicroBatchPlan, materialize, mini_batches, plan_micro_batches, scatter_rows
+from agentrl.trainer.config import ActorConfig, ModelConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Metrics averaged over loss tokens (weighted by each micro-batch's token count) vs summed objective terms.
+_TOKEN_WEIGHTED = ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "entropy", "kl")
+_SUMMED = ("pg_loss", "kl_loss", "entropy_loss", "sft_loss")
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
+    """LR multiplier after `step` scheduler steps: linear warmup, then constant or cosine down to min_lr_ratio."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PolicyWorker:
+    """One FSDP2 rank. Use through `WorkerGroup` (which wraps it as a Ray actor when `use_ray`)."""
+
+    def __init__(self, model: ModelConfig, actor: ActorConfig, *, rank: int = 0, world_size: int = 1,
+                 with_ref: bool = False, total_steps: int = 1, seed: int = 0, deterministic: bool = False):
+        self.model_cfg, self.actor = model, actor
+        self.rank, self.world_size = rank, world_size
+        self.with_ref, self.total_steps, self.seed = with_ref, total_steps, seed
+        self.deterministic = deterministic
+        self.skipped_steps = 0
+        self.optimizer_steps = 0
+
+    # ------------------------------------------------------------------------------------------------ setup
+
+    def node_address(self) -> tuple[str, int]:
+        """(address, free port) for the process-group rendezvous, asked of rank 0."""
+        if self.world_size == 1:
+            return "127.0.0.1", _free_port()
+        return socket.gethostbyname(socket.gethostname()), _free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        import torch.distributed as dist
+
+        threads = self.actor.num_threads_per_worker or (1 if self.world_size > 1 else None)
+        if threads:
+            torch.set_num_threads(threads)
+        if self.deterministic:
+            torch.use_deterministic_algorithms(True)
+        use_cuda = self.actor.num_gpus_per_worker > 0 and torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if use_cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=self.rank, world_size=self.world_size)
+        self._owns_group = True
+        torch.manual_seed(self.seed)
+        random.seed(self.seed)
+        self.model = self._load(trainable=True)
+        self.ref = self._load(trainable=False) if self.with_ref else None
+        betas = (self.actor.betas[0], self.actor.betas[1])
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.actor.lr, betas=betas,
+                                           weight_decay=self.actor.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(
+            s, warmup_steps=self.actor.warmup_steps, total_steps=self.total_steps,
+            schedule=self.actor.lr_schedule, min_lr_ratio=self.actor.min_lr_ratio))
+
+    def _load(self, trainable: bool):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        path = self.model_cfg.path
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"model.path {path!r} is not a directory; point it at an HF model dir "
+                                    "(e.g. one written by `agentrl init-model`)")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[self.model_cfg.dtype],
+                                                     attn_implementation=self.model_cfg.attn_implementation)
+        if trainable and self.model_cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        if not trainable:
+            model.requires_grad_(False)
+            model.eval()
+        kwargs = {}
+        if self.device.type == "cuda" and self.model_cfg.mixed_precision != "none":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.model_cfg.mixed_precision],
+                                                       reduce_dtype=torch.float32)
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if layers is None:
+            raise ValueError(f"{path}: expected a decoder with model.layers (Qwen2/Llama-style); got "
+                             f"{type(model).__name__}")
+        for layer in layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        if self.device.type == "cuda":
+            model.to(self.device)
+        return model
+
+    # ---------------------------------------------------------------------------------------------- forward
+
+    def _forward(self, module, mb: TensorDict, temperature: float, with_entropy: bool):
+        """Token logprobs [b, w] (and entropies) aligned with input_ids; position 0 is 0."""
+        ids = mb["input_ids"].to(self.device)
+        # Rows are right-padded: causal attention already keeps real tokens from seeing the padding after them.
+        logits = module(input_ids=ids, use_cache=False).logits[:, :-1]
+        logp = F.pad(logprobs_from_logits(logits, ids[:, 1:], temperature), (1, 0))
+        ent = F.pad(entropy_from_logits(logits, temperature), (1, 0)) if with_entropy else None
+        return logp, ent
+
+    @torch.no_grad()
+    def compute_logprobs(self, micro_batches: list[TensorDict], temperature: float, ref: bool = False,
+                         with_entropy: bool = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Per micro-batch (logprobs [b, w], entropy [b, w] or None) on CPU, under the policy or the reference."""
+        module = self.ref if ref else self.model
+        if module is None:
+            raise RuntimeError("compute_logprobs(ref=True) but the worker has no reference model "
+                               "(it is only built when actor.use_kl_loss is true)")
+        module.eval()
+        out = []
+        for mb in micro_batches:
+            logp, ent = self._forward(module, mb, temperature, with_entropy)
+            out.append((logp.float().cpu(), None if ent is None else ent.float().cpu()))
+        return out
+
+    # ----------------------------------------------------------------------------------------------- losses
+
+    def _ppo_loss(self, mb: TensorDict, num_tokens: int, num_seqs: int, temperature: float):
+        a = self.actor
+        need_entropy = a.entropy_coeff != 0 or a.calculate_entropy
+        logp, ent = self._forward(self.model, mb, temperature, need_entropy)
+        mask = mb["loss_mask"].to(self.device)
+        agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, scale_factor=a.loss_scale_factor)
+        pg_loss, pg_stats = policy_loss_vanilla(
+            logp, mb["old_logprobs"].to(self.device), mb["advantages"].to(self.device), mask,
+            clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
+            agg_mode=a.loss_agg_mode, **agg)
+        loss = pg_loss
+        stats = {"pg_loss": pg_loss.detach(), **pg_stats}
+        if a.use_kl_loss:
+            kl = kl_penalty(logp, mb["ref_logprobs"].to(self.device), a.kl_loss_type)
+            kl_loss = agg_loss(kl, mask, a.loss_agg_mode, **agg)
+            loss = loss + a.kl_loss_coef * kl_loss
+            stats["kl_loss"] = kl_loss.detach()
+            stats["kl"] = (masked_sum(kl.detach(), mask) / mask.sum().clamp_min(1))
+        if ent is not None:
+            ent_loss = agg_loss(ent, mask, a.loss_agg_mode, **agg)
+            if a.entropy_coeff != 0:
+                loss = loss - a.entropy_coeff * ent_loss
+            stats["entropy_loss"] = ent_loss.detach()
+            stats["entropy"] = masked_sum(ent.detach(), mask) / mask.sum().clamp_min(1)
+        return loss, stats
+
+    def _sft_loss(self, mb: TensorDict, num_tokens: int, num_seqs: int, temperature: float):
+        logp, _ = self._forward(self.model, mb, 1.0, False)
+        mask = mb["loss_mask"].to(self.device)
+        loss = agg_loss(-logp, mask, "token-mean", num_tokens=num_tokens, num_seqs=num_seqs)
+        return loss, {"sft_loss": loss.detach()}
+
+    def _accumulate(self, loss_fn, micro_batches: list[TensorDict], num_tokens: int, num_seqs: int,
+                    temperature: float, sums: dict[str, float]) -> None:
+        """Forward/backward every micro-batch (gradients accumulate) and add its statistics into `sums`."""
+        for mb in micro_batches:
+            loss, stats = loss_fn(mb, num_tokens, num_seqs, temperature)
+            (loss * self.world_size).backward()
+            tokens = float(mb["loss_mask"].sum())
+            for name, value in stats.items():
+                sums[name] += float(value) * (tokens if name in _TOKEN_WEIGHTED else 1.0)
+
+    def _clip_and_step(self) -> float:
+        from torch.distributed.tensor import DTensor
+
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.actor.grad_clip)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _reduce(self, sums: dict[str, float]) -> dict[str, float]:
+        import torch.distributed as dist
+
+        names = sorted(sums)
+        if self.world_size > 1 and names:
+            t = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            return dict(zip(names, t.tolist()))
+        return dict(sums)
+
+    def _train(self, loss_fn, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]],
+               temperature: float) -> dict[str, float]:
+        self.model.train()
+        per_step: dict[str, list[float]] = defaultdict(list)
+        skipped_before = self.skipped_steps
+        for micro_batches, (num_tokens, num_seqs) in zip(mini_batches, counts, strict=True):
+            sums: dict[str, float] = defaultdict(float)
+            self.optimizer.zero_grad(set_to_none=True)
+            self._accumulate(loss_fn, micro_batches, num_tokens, num_seqs, temperature, sums)
+            grad_norm = self._clip_and_step()
+            for name, value in self._reduce(sums).items():
+                per_step[name].append(value / max(num_tokens, 1) if name in _TOKEN_WEIGHTED else value)
+            if math.isfinite(grad_norm):
+                per_step["grad_norm"].append(grad_norm)
+        metrics = {name: sum(v) / len(v) for name, v in per_step.items() if v}
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        metrics["optimizer_steps"] = float(len(mini_batches))
+        metrics["skipped_steps"] = float(self.skipped_steps - skipped_before)
+        return metrics
+
+    def update_policy(self, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]],
+                      temperature: float) -> dict[str, float]:
+        """One optimizer step per mini-batch (its micro-batches accumulate); the LR schedule advances once.
+
+        counts[k] = (loss tokens, trajectories) of mini-batch k over ALL ranks. Returns mini-batch averages of
+        pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, kl_loss, kl, entropy, grad_norm, plus lr,
+        optimizer_steps and skipped_steps (non-finite grad norm).
+        """
+        return self._train(self._ppo_loss, mini_batches, counts, temperature)
+
+    def update_sft(self, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]]) -> dict[str, float]:
+        """Supervised step(s): token-mean NLL over loss-mask tokens, same micro-batching and schedule."""
+        return self._train(self._sft_loss, mini_batches, counts, 1.0)
+
+    def gradients(self, micro_batches: list[TensorDict], num_tokens: int, num_seqs: int,
+                  temperature: float) -> dict[str, torch.Tensor] | None:
+        """The full (unsharded) PPO gradient of one mini-batch without stepping; rank 0 returns it (debugging
+        and tests: 1 vs 2 ranks, 1 vs 4 micro-batches, masked tokens)."""
+        from torch.distributed.tensor import DTensor
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._accumulate(self._ppo_loss, micro_batches, num_tokens, num_seqs, temperature, defaultdict(float))
+        grads = {}
+        for name, p in self.model.named_parameters():
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            grads[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().cpu()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grads if self.rank == 0 else None
+
+    # ------------------------------------------------------------------------------------ state in and out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Unsharded CPU state dict (collective: every rank must call); rank 0 returns it, others None."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if self.rank == 0 else None
+
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded model + optimizer (torch.distributed.checkpoint) and this rank's scheduler and RNG states."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(path) / "actor"))
+        extra = {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "python_rng": random.getstate(), "skipped_steps": self.skipped_steps,
+                 "optimizer_steps": self.optimizer_steps}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            extra["cuda_rng"] = torch.cuda.get_rng_state()
+        torch.save(extra, Path(path) / f"worker_rank{self.rank}.pt")
+
+    def load_checkpoint(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        extra_path = Path(path) / f"worker_rank{self.rank}.pt"
+        if not extra_path.is_file():
+            raise FileNotFoundError(f"{extra_path} is missing: the checkpoint was written with a different "
+                                    f"actor.world_size (this run has {self.world_size})")
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(Path(path) / "actor"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(extra_path, weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["torch_rng"])
+        random.setstate(extra["python_rng"])
+        if "cuda_rng" in extra and self.device.type == "cuda":
+            torch.cuda.set_rng_state(extra["cuda_rng"])
+        self.skipped_steps, self.optimizer_steps = extra["skipped_steps"], extra["optimizer_steps"]
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class WorkerGroup:
+    """The driver's handle on the FSDP ranks: plans micro-batches, dispatches, gathers.
+
+    use_ray=True: one Ray actor per rank (`actor.world_size` of them). use_ray=False: a single in-process rank
+    (world_size must be 1), handy for benchmarks and SFT on one machine.
+    """
+
+    def __init__(self, model: ModelConfig, actor: ActorConfig, *, with_ref: bool = False, total_steps: int = 1,
+                 seed: int = 0, deterministic: bool = False, use_ray: bool = True):
+        self.model_cfg, self.actor, self.use_ray = model, actor, use_ray
+        self.world_size = actor.world_size
+        kwargs = dict(world_size=self.world_size, with_ref=with_ref, total_steps=total_steps, seed=seed,
+                      deterministic=deterministic)
+        if use_ray:
+            import ray
+
+            if not ray.is_initialized():
+                raise RuntimeError("WorkerGroup(use_ray=True) needs ray.init() first")
+            remote = ray.remote(PolicyWorker).options(num_cpus=actor.num_cpus_per_worker,
+                                                      num_gpus=actor.num_gpus_per_worker)
+            self.workers = [remote.remote(model, actor, rank=r, **kwargs) for r in range(self.world_size)]
+        else:
+            if self.world_size != 1:
+                raise ValueError("WorkerGroup(use_ray=False) runs one in-process rank; set actor.world_size to 1 "
+                                 "or use Ray")
+            self.workers = [PolicyWorker(model, actor, rank=0, **kwargs)]
+        addr, port = self._call_one(0, "node_address")
+        self._call("setup", [(addr, port)] * self.world_size)
+
+    # --------------------------------------------------------------------------------------------- dispatch
+
+    def _call(self, method: str, per_rank_args: list[tuple] | None = None, **kwargs) -> list:
+        args = per_rank_args or [()] * self.world_size
+        if not self.use_ray:
+            return [getattr(self.workers[0], method)(*args[0], **kwargs)]
+        import ray
+
+        return ray.get([getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, args)])
+
+    def _call_one(self, rank: int, method: str, *args):
+        if not self.use_ray:
+            return getattr(self.workers[rank], method)(*args)
+        import ray
+
+        return ray.get(getattr(self.workers[rank], method).remote(*args))
+
+    def _plan(self, batch: TensorDict, rows: list[int] | None, strategy: str = "bucket") -> MicroBatchPlan:
+        return plan_micro_batches(batch["seq_lens"].tolist(), rows, world_size=self.world_size,
+                                  max_tokens=self.actor.max_tokens_per_micro_batch,
+                                  max_rows=self.actor.ppo_micro_batch_size, strategy=strategy)
+
+    # ------------------------------------------------------------------------------------------- public API
+
+    def compute_logprobs(self, batch: TensorDict, *, temperature: float, ref: bool = False,
+                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token logprobs [B, L] aligned with batch["input_ids"] (and entropies when asked)."""
+        plan = self._plan(batch, None)
+        parts = self._call("compute_logprobs", [(mbs, temperature, ref, with_entropy)
+                                                for mbs in materialize(batch, plan)])
+        size, width = batch["input_ids"].shape
+        logp = scatter_rows([[p[0] for p in rank] for rank in parts], plan, size, width)
+        ent = scatter_rows([[p[1] for p in rank] for rank in parts], plan, size, width) if with_entropy else None
+        return logp, ent
+
+    def _dispatch_train(self, method: str, batch: TensorDict, steps: list[list[int]], strategy: str,
+                        *extra) -> dict[str, float]:
+        per_rank: list[list[list[TensorDict]]] = [[] for _ in range(self.world_size)]
+        counts = []
+        for rows in steps:
+            plan = self._plan(batch, rows, strategy)
+            for r, mbs in enumerate(materialize(batch, plan)):
+                per_rank[r].append(mbs)
+            counts.append((int(batch["loss_mask"][torch.tensor(rows)].sum()), len(rows)))
+        results = self._call(method, [(per_rank[r], counts, *extra) for r in range(self.world_size)])
+        return results[0]
+
+    def update_policy(self, batch: TensorDict, *, temperature: float, mini_batch_size: int, epochs: int = 1,
+                      shuffle: bool = True, seed: int = 0, strategy: str = "bucket") -> dict[str, float]:
+        """PPO epochs x mini-batches of `mini_batch_size` trajectories; needs old_logprobs (and ref_logprobs
+        when the KL loss is on) in `batch`. Returns the worker metrics of `PolicyWorker.update_policy`."""
+        steps = mini_batches(batch.batch_size[0], mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed)
+        return self._dispatch_train("update_policy", batch, steps, strategy, temperature)
+
+    def update_sft(self, batch: TensorDict, *, mini_batch_size: int | None = None, shuffle: bool = False,
+                   seed: int = 0) -> dict[str, float]:
+        """Masked-NLL step(s) on a batch from `batch.sft_batch` (one optimizer step per mini-batch)."""
+        size = batch.batch_size[0]
+        steps = mini_batches(size, mini_batch_size or size, shuffle=shuffle, seed=seed)
+        return self._dispatch_train("update_sft", batch, steps, "bucket")
+
+    def gradients(self, batch: TensorDict, *, temperature: float, strategy: str = "bucket") -> dict[str, torch.Tensor]:
+        """Full gradient of the PPO objective over the whole batch as one mini-batch (no optimizer step)."""
+        plan = self._plan(batch, None, strategy)
+        counts = (int(batch["loss_mask"].sum()), batch.batch_size[0])
+        results = self._call("gradients", [(mbs, *counts, temperature) for mbs in materialize(batch, plan)])
+        return results[0]
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call("full_state_dict")[0]
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        self._call("save_checkpoint", [(str(path),)] * self.world_size)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        self._call("load_checkpoint", [(str(path),)] * self.world_size)
+
+    def shutdown(self) -> None:
+        self._call("shutdown")
+        if self.use_ray:
+            import ray
+
+            for w in self.workers:
+                ray.kill(w)
+        self.workers = []
+
+
+__all__ = ["PolicyWorker", "WorkerGroup", "lr_factor"]
