@@ -20,6 +20,7 @@ weights, but no step mixes weights. `weight_version` is reported in `Generation.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import threading
@@ -91,6 +92,8 @@ class LocalEngine:
                              f"max_position_embeddings={model_max}")
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
+        # transformers renamed `past_key_values` to `cache` (5.2x); use whichever this model's forward takes.
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.weight_version = 0
         self._ids = itertools.count()
         self._cv = threading.Condition()  # guards _waiting, _closed and request.aborted
@@ -278,11 +281,11 @@ class LocalEngine:
             self._finish(r, "abort")
         keep = [i for i, r in enumerate(self._running) if not r.aborted]
         if len(keep) != len(self._running):
-            for r in self._running:
-                if r.aborted:
-                    self._finish(r, "abort")
+            aborted = [r for r in self._running if r.aborted]
             self._running = [self._running[i] for i in keep]
             self._batch.keep(keep)
+            for r in aborted:
+                self._finish(r, "abort")
 
     def _admit(self) -> None:
         budget = self.config.max_prefill_tokens
@@ -301,7 +304,9 @@ class LocalEngine:
             cache, logits = self._prefill(r.prompt)
             self.stats["prefills"] += 1
             (token,), (logprob,) = sample_batch(logits, [r.params], [r.generator])
-            if self._append(r, token, logprob):
+            reason = self._append(r, token, logprob)
+            if reason is not None:
+                self._finish(r, reason)
                 continue
             caches.append(cache)
             lengths.append(len(r.prompt))
@@ -314,36 +319,38 @@ class LocalEngine:
 
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
         return cache, out.logits[:, -1, :].float().cpu()
 
     def _decode(self) -> None:
         mask_B_L, pos_B_1 = self._batch.step_inputs()
         ids_B_1 = torch.tensor([[r.out_ids[-1]] for r in self._running], dtype=torch.long)
         out = self.model(input_ids=ids_B_1.to(self.device), attention_mask=mask_B_L.to(self.device),
-                         position_ids=pos_B_1.to(self.device), past_key_values=self._batch.cache, use_cache=True)
+                         position_ids=pos_B_1.to(self.device), use_cache=True, **{self._cache_kw: self._batch.cache})
         self._batch.advance()
         self.stats["max_rows"] = max(self.stats["max_rows"], len(self._running))
         self.stats["max_token_slots"] = max(self.stats["max_token_slots"], self._batch.token_slots())
         logits_B_V = out.logits[:, -1, :].float().cpu()
         tokens, logprobs = sample_batch(logits_B_V, [r.params for r in self._running],
                                         [r.generator for r in self._running])
-        keep = [i for i, (r, t, lp) in enumerate(zip(self._running, tokens, logprobs)) if not self._append(r, t, lp)]
+        reasons = [self._append(r, t, lp) for r, t, lp in zip(self._running, tokens, logprobs)]
+        keep = [i for i, reason in enumerate(reasons) if reason is None]
         if len(keep) != len(self._running):
+            done = [(r, reason) for r, reason in zip(self._running, reasons) if reason is not None]
             self._running = [self._running[i] for i in keep]
             self._batch.keep(keep)
+            for r, reason in done:  # resolve after the batch shrank, so callers see the slot free
+                self._finish(r, reason)
 
-    def _append(self, r: _Request, token: int, logprob: float) -> bool:
-        """Record a sampled token; finish the request and return True if it is done."""
+    def _append(self, r: _Request, token: int, logprob: float) -> str | None:
+        """Record a sampled token; return the finish reason if the request is done, else None."""
         r.out_ids.append(token)
         r.out_logprobs.append(logprob)
         if token in r.stop_ids or (r.params.stop and self._hit_stop_string(r)):
-            self._finish(r, "stop")
-            return True
+            return "stop"
         if len(r.out_ids) >= r.max_new:
-            self._finish(r, "length")
-            return True
-        return False
+            return "length"
+        return None
 
     def _hit_stop_string(self, r: _Request) -> bool:
         # Only the tail can hold a new match (an earlier one would have stopped the request); 4 tokens per

@@ -1,0 +1,66 @@
+"""Sampling math of the local engine: the logprob definition the trainer relies on, top-k/top-p, seeds."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from agentrl.inference.sampling import filter_top_k_top_p, make_generator, sample_batch
+from agentrl.trainer.algos import logprobs_from_logits
+from agentrl.types import SamplingParams
+
+
+def _logits(seed: int = 0, v: int = 50) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(4, v, generator=g) * 3
+
+
+def test_greedy_picks_argmax_with_logprobs_under_temperature_one():
+    logits = _logits()
+    params = [SamplingParams(max_new_tokens=1, temperature=0.0)] * 4
+    tokens, logprobs = sample_batch(logits, params, [None] * 4)
+    assert tokens == logits.argmax(-1).tolist()
+    expected = logprobs_from_logits(logits, torch.tensor(tokens), temperature=1.0)
+    assert torch.allclose(torch.tensor(logprobs), expected, atol=1e-6)
+
+
+def test_sampled_logprobs_match_trainer_definition_before_filtering():
+    logits = _logits(1)
+    params = [SamplingParams(max_new_tokens=1, temperature=0.7, top_k=5, top_p=0.9, seed=i) for i in range(4)]
+    tokens, logprobs = sample_batch(logits, params, [make_generator(i) for i in range(4)])
+    expected = logprobs_from_logits(logits, torch.tensor(tokens), temperature=0.7)
+    assert torch.allclose(torch.tensor(logprobs), expected, atol=1e-6)
+    top5 = torch.topk(logits, 5, dim=-1).indices
+    assert all(t in top5[i].tolist() for i, t in enumerate(tokens))
+
+
+def test_top_k_one_equals_greedy():
+    logits = _logits(2)
+    params = [SamplingParams(max_new_tokens=1, temperature=1.3, top_k=1, seed=i) for i in range(4)]
+    tokens, _ = sample_batch(logits, params, [make_generator(i) for i in range(4)])
+    assert tokens == logits.argmax(-1).tolist()
+
+
+def test_top_p_keeps_smallest_nucleus():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = filter_top_k_top_p(logits, top_k=-1, top_p=0.75)
+    assert torch.isfinite(kept).tolist() == [True, True, False, False]
+    # top_p smaller than the top token's mass still keeps the top token
+    kept = filter_top_k_top_p(logits, top_k=-1, top_p=0.1)
+    assert torch.isfinite(kept).tolist() == [True, False, False, False]
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent():
+    logits = torch.zeros(1, 1000)
+    p = [SamplingParams(max_new_tokens=1, temperature=1.0, seed=7)]
+    a = [sample_batch(logits, p, [g])[0][0] for g in [make_generator(7)] for _ in range(20)]
+    g = make_generator(7)
+    b = [sample_batch(logits, p, [g])[0][0] for _ in range(20)]
+    g2 = make_generator(8)
+    c = [sample_batch(logits, p, [g2])[0][0] for _ in range(20)]
+    assert a == b
+    assert b != c
+    # uniform over 1000 tokens: every logprob is -log(1000)
+    _, lp = sample_batch(logits, p, [make_generator(1)])
+    assert math.isclose(lp[0], -math.log(1000), rel_tol=1e-5)
