@@ -13,8 +13,10 @@ with the tokens they belong to.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 
+from agentrl.tools import ToolError, ToolInfraError
 from agentrl.types import Generation, SamplingParams
 
 
@@ -27,6 +29,7 @@ class Call:
     input_ids: list[int]
     params: SamplingParams
     session_id: str | None
+    output: Generation | None = None  # set when the call returned
 
 
 @dataclass
@@ -44,7 +47,12 @@ class ScriptedEngine:
 
     async def generate(self, input_ids: list[int], params: SamplingParams, *,
                        session_id: str | None = None) -> Generation:
-        self.calls.append(Call(list(input_ids), params, session_id))
+        call = Call(list(input_ids), params, session_id)
+        self.calls.append(call)
+        call.output = await self._respond(input_ids, params, session_id)
+        return call.output
+
+    async def _respond(self, input_ids: list[int], params: SamplingParams, session_id: str | None) -> Generation:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         k = self._cursor.get(session_id, 0)
@@ -68,3 +76,100 @@ class ScriptedEngine:
 
     async def update_weights(self, weights) -> None:
         return None
+
+
+# --- canonical model turns and test tools ---
+
+def tool_call(name: str, arguments: dict) -> str:
+    """One call block as the Qwen2.5 template renders it (the canonical form a trained model emits)."""
+    return "\n<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def model_turn(content: str, calls: list[tuple[str, dict]] = ()) -> str:
+    """A model turn in template-canonical form: content, then the call blocks (no leading "\\n" if no content)."""
+    text = content + "".join(tool_call(n, a) for n, a in calls)
+    return text[1:] if not content and calls else text
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def echo(text: str) -> str:
+    """Return the text unchanged.
+
+    Args:
+        text: Any text.
+    """
+    return text
+
+
+def repeat(text: str, times: int) -> str:
+    """Repeat a text.
+
+    Args:
+        text: The text.
+        times: How many times.
+    """
+    return " ".join(f"{i}:{text}" for i in range(times))
+
+
+def lookup(entity: str) -> str:
+    """Look up an entity.
+
+    Args:
+        entity: The entity name.
+    """
+    raise ToolError(f"no entity named {entity!r}")
+
+
+def broken_service(query: str) -> str:
+    """A tool whose backing service is down.
+
+    Args:
+        query: Anything.
+    """
+    raise ToolInfraError("database unreachable", kind="unreachable")
+
+
+async def slow(seconds: float) -> str:
+    """Sleep, then answer.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+class Rendezvous:
+    """A tool that answers only once `parties` calls are in flight at the same time (proves concurrency)."""
+
+    def __init__(self, parties: int):
+        self.parties = parties
+        self.arrived = 0
+        self.event = asyncio.Event()
+
+    def make(self):
+        async def meet(tag: str) -> str:
+            """Wait for the other calls of the turn.
+
+            Args:
+                tag: A label.
+            """
+            self.arrived += 1
+            if self.arrived >= self.parties:
+                self.event.set()
+            try:
+                await asyncio.wait_for(self.event.wait(), timeout=5.0)
+            except TimeoutError:
+                return f"{tag}: alone"
+            return f"{tag}: met"
+
+        return meet
