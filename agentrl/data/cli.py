@@ -24,7 +24,8 @@ def _make(args: argparse.Namespace) -> int:
 def _demos(args: argparse.Namespace) -> int:
     from agentrl.data.suites.demos import write_demos
 
-    paths = write_demos(args.suite, args.n, args.out, seed=args.seed, split=args.split, kb_path=args.kb)
+    paths = write_demos(args.suite, args.n, args.out, seed=args.seed, split=args.split, kb_path=args.kb,
+                        sandbox_url=args.sandbox_url)
     print(f"wrote {args.n} {args.suite}/{args.split} demonstrations: " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -51,4 +52,6 @@ def add_commands(subparsers) -> None:
     demos.add_argument("--seed", type=int, default=0)
     demos.add_argument("--split", choices=SPLITS, default="train")
     demos.add_argument("--kb", default=None, help="lookup only: where to write the KB (default OUT.kb.jsonl)")
+    demos.add_argument("--sandbox-url", default=None,
+                       help="code only: run the python calls in this sandbox (default: simulate them locally)")
     demos.set_defaults(func=_demos)

@@ -7,9 +7,10 @@ and a `tool` message with the tool's real output, then a final assistant message
 - lookup: lookup(entity) once per hop, the second hop on the value the first response showed; answer
           `<answer>{value}</answer>`.
 - code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python
-          block. The python tool needs a sandbox, so this call is *simulated*: the code runs locally in a
-          subprocess (`python -I`, 10 s limit) and its output is shown the way the python tool shows a run
-          (`agentrl.tools.builtin.python`). It is our own generated solution, never model output.
+          block. With `sandbox_url` the call goes to the real python tool. Without one the call is *simulated*:
+          the code runs locally in a subprocess (`python -I`, 10 s limit) and its output is rendered by the python
+          tool's own formatter (`sandbox.client.cell_to_text`), so the transcript is the same either way for
+          these programs (they only print). It is our own generated solution, never model output.
 
 calculator and lookup outputs come from the real builtin tools, called through `ToolRegistry` exactly as the
 agent loop calls them (lookup reads the task's KB through tools_kwargs). Every transcript is checked before it
@@ -98,20 +99,28 @@ async def solve_lookup(task: dict, tools) -> list[dict]:
 
 
 def run_python_locally(code: str) -> str:
-    """Run `code` in a fresh isolated interpreter and show the result as the python tool shows a run."""
-    from agentrl.tools.builtin.python import format_run_output
+    """Run a reference solution in a fresh isolated interpreter; show its output as the python tool shows a cell
+    (`sandbox.client.cell_to_text`). Reference solutions never fail; if one does, that is a suite bug."""
+    from sandbox.client import cell_to_text
 
     proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                           timeout=PYTHON_RUN_TIMEOUT_S)
-    return format_run_output(stdout=proc.stdout, stderr=proc.stderr, return_code=proc.returncode)
+    if proc.returncode != 0:
+        raise DemoError(f"a reference solution failed (exit code {proc.returncode}):\n{code}\n{proc.stderr[-2000:]}")
+    return cell_to_text({"status": "ok", "stdout": proc.stdout, "stderr": proc.stderr})
 
 
-async def solve_code(task: dict, tools=None) -> list[dict]:
+async def solve_code(task: dict, tools) -> list[dict]:
+    """With a `python` tool in `tools` (a sandbox is configured) the call is real; otherwise it is simulated."""
     extra = task["extra"]
     entry = task["reward"]["entry_point"]
     solution = extra["solution"]
     probe = f"{solution}\nprint({entry}({extra['example']!r}))"
-    output = await asyncio.to_thread(run_python_locally, probe)
+    if "python" in tools.names():
+        async with tools.episode_session(task["tools_kwargs"]) as session:
+            output = await _call(tools, "python", {"code": probe}, session, task)
+    else:
+        output = await asyncio.to_thread(run_python_locally, probe)
     if repr(extra["expected"]) not in output:
         raise DemoError(f"task {task['task_id']}: the reference solution printed {output[:300]!r} on the example, "
                         f"expected {extra['expected']!r}")
@@ -133,13 +142,16 @@ async def solve(task: dict, tools) -> list[dict]:
     return await SOLVERS[suite_of(task)](task, tools)
 
 
-def demo_tools():
-    """An in-process ToolRegistry with the builtin calculator and lookup tools (code demos simulate python)."""
-    from agentrl.tools.builtin.calculator import calculator
-    from agentrl.tools.builtin.lookup import lookup
+def demo_tools(sandbox_url: str | None = None):
+    """An in-process ToolRegistry with the builtin calculator and lookup tools, plus the python tool on the
+    sandbox at `sandbox_url` when given (without it, code demos simulate the python call locally)."""
+    from agentrl.tools.builtin import builtin_tools
     from agentrl.tools.client import ToolRegistry
 
-    return ToolRegistry.from_functions([calculator, lookup])
+    if sandbox_url is None:
+        return ToolRegistry.from_functions(builtin_tools(["calculator", "lookup"]))
+    return ToolRegistry.from_functions(builtin_tools(["calculator", "lookup", "python"]),
+                                       tools_kwargs={"python": {"sandbox_url": sandbox_url}})
 
 
 def tool_schemas(suite: str) -> list[dict]:
@@ -149,10 +161,11 @@ def tool_schemas(suite: str) -> list[dict]:
     return [builtin_tool(name).schema() for name in SUITE_TOOLS[suite]]
 
 
-async def make_demos(tasks: list[dict], tools=None) -> list[dict]:
-    """SFT rows for `tasks` (any mix of suites), in task order."""
+async def make_demos(tasks: list[dict], tools=None, *, sandbox_url: str | None = None) -> list[dict]:
+    """SFT rows for `tasks` (any mix of suites), in task order. `tools`: a started ToolRegistry with the suites'
+    tools (default: `demo_tools(sandbox_url)`, closed on return)."""
     own = tools is None
-    tools = demo_tools() if own else tools
+    tools = demo_tools(sandbox_url) if own else tools
     try:
         rows = []
         for task in tasks:
@@ -166,7 +179,7 @@ async def make_demos(tasks: list[dict], tools=None) -> list[dict]:
 
 
 def write_demos(suite: str, n: int, out: str | Path, *, seed: int = 0, split: str = "train",
-                kb_path: str | Path | None = None) -> list[Path]:
+                kb_path: str | Path | None = None, sandbox_url: str | None = None) -> list[Path]:
     """Generate `n` tasks of `suite`/`split` and write their demonstrations to `out`.
 
     The tasks themselves go to OUT.tasks.jsonl (and the lookup KB, which the transcripts' tool outputs come from,
@@ -179,5 +192,5 @@ def write_demos(suite: str, n: int, out: str | Path, *, seed: int = 0, split: st
     tasks_path = out.with_name(stem + ".tasks.jsonl")
     written = write_suite(suite, split, n, tasks_path, seed=seed, kb_path=kb_path or default_kb_path(out))
     tasks = [json.loads(line) for line in tasks_path.read_text(encoding="utf-8").splitlines()]
-    write_jsonl(out, asyncio.run(make_demos(tasks)))
+    write_jsonl(out, asyncio.run(make_demos(tasks, sandbox_url=sandbox_url)))
     return [out, *written]

@@ -188,10 +188,39 @@ def test_calc_and_lookup_demos_reach_the_truth_through_the_real_tools(tmp_path, 
         assert [s["function"]["name"] for s in row["tools"]] == task["tools"]
 
 
-def test_cli_writes_tasks_and_demos(tmp_path, capsys):
-    out = tmp_path / "lookup.jsonl"
-    assert main(["data", "make", "lookup", "--split", "heldout", "--n", "20", str(out), "--seed", "1"]) == 0
-    assert len(_rows(out)) == 20 and (tmp_path / "lookup.kb.jsonl").is_file()
+def test_code_demos_test_the_solution_on_the_example_then_answer_it():
+    tasks = _tasks("code", "heldout", n=8)
+    rows = asyncio.run(make_demos(tasks))  # no sandbox: the python call is simulated locally
+    for task, row in zip(tasks, rows):
+        roles = [m["role"] for m in row["messages"]]
+        assert roles == ["system", "user", "assistant", "tool", "assistant"]
+        code = row["messages"][2]["tool_calls"][0]["function"]["arguments"]["code"]
+        assert code.startswith(task["extra"]["solution"]) and "print(" in code
+        assert row["messages"][3]["content"] == str(task["extra"]["expected"])
+        final = row["messages"][4]["content"]
+        assert final == f"```python\n{task['extra']['solution']}\n```"
+        assert _run_tests(final.removeprefix("```python\n").removesuffix("\n```"), task["reward"]["tests"])
+        assert [s["function"]["name"] for s in row["tools"]] == ["python"]
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_cli_make_writes_rows_that_load_as_tasks(suite, tmp_path, capsys):
+    from agentrl.data.tasks import load_tasks
+
+    out = tmp_path / f"{suite}.jsonl"
+    assert main(["data", "make", suite, "--split", "heldout", "--n", "20", str(out), "--seed", "1"]) == 0
+    assert f"wrote 20 {suite}/heldout tasks" in capsys.readouterr().out
+    tasks = load_tasks(out)
+    assert [t.task_id for t in tasks] == [r["task_id"] for r in _rows(out)]
+    for task in tasks:
+        assert task.data_source == f"{suite}/heldout" and task.tools == _tasks(suite, "heldout", 1)[0]["tools"]
+        assert task.prompt[-1]["role"] == "user" and task.reward["type"] and task.extra
+    if suite == "lookup":
+        kb_path = tasks[0].tools_kwargs["lookup"]["kb_path"]
+        assert kb_path == str((tmp_path / "lookup.kb.jsonl").resolve()) and Path(kb_path).is_file()
+
+
+def test_cli_demos_writes_sft_rows_and_their_tasks(tmp_path, capsys):
     demos = tmp_path / "sft.jsonl"
     assert main(["data", "demos", "calc", "--n", "10", str(demos)]) == 0
     rows = _rows(demos)
