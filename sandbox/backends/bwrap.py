@@ -1,0 +1,362 @@
+"""bubblewrap backend: namespaces + read-only minimal root + cgroups, with a pool of warm sandboxes.
+
+Each `/run_code` request gets a sandbox of its own that is never reused: it was started ahead of time (bwrap,
+cgroup attach and interpreter start-up are off the request's path), it runs exactly one program, then its whole
+cgroup is killed and a fresh one is started in the background. Nothing can leak from one request to the next
+because nothing of a sandbox survives it.
+
+Layout inside: `/usr` (+ /bin, /lib, /lib64 links), the Python prefix and a few /etc files read-only; `/workspace`
+(cwd) and `/tmp` are size-limited tmpfs; `/proc` of its own pid namespace; no network, no /sys, no host files.
+The code runs as uid 65534 in a user namespace with every capability dropped and no further user namespaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sandbox.backends.base import (LANGUAGES, BackendError, ExecRequest, ExecResult, encode_frame, read_frame)
+from sandbox.backends.session_proc import SessionProc
+from sandbox.cgroups import Cgroup, CgroupError, CgroupPool, detect_version
+from sandbox.config import SandboxConfig
+from sandbox.output import HeadTail, drain
+
+_HERE = Path(__file__).resolve().parent
+RUNNER_SRC = (_HERE / "runner_src.py").read_text()
+SESSION_SRC = (_HERE / "session_src.py").read_text()
+WORKDIR = "/workspace"
+SANDBOX_UID = 65534
+ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf")
+
+
+def python_runtime() -> tuple[str, str]:
+    """(real interpreter path, real prefix) of the Python running the service; the sandbox binds the prefix."""
+    exe = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    if not exe.startswith(prefix + "/"):
+        raise BackendError(f"interpreter {exe} is not under its prefix {prefix}: cannot bind it into the sandbox")
+    return exe, prefix
+
+
+def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str) -> list[str]:
+    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
+            "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    if not prefix.startswith("/usr/"):
+        args += ["--ro-bind", prefix, prefix]
+    for path in ETC_FILES:
+        args += ["--ro-bind-try", path, path]
+    size = str(cfg.tmpfs_mb * 1024 * 1024)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
+             "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR,
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
+    env = {"PATH": f"/usr/local/bin:/usr/bin:/bin:{prefix}/bin", "HOME": WORKDIR, "TMPDIR": "/tmp",
+           "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args
+
+
+class Warm:
+    """One started sandbox waiting for its single request (or a session's interpreter)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, results: asyncio.StreamReader, cgroup: Cgroup | None,
+                 workdir: str | None):
+        self.proc = proc
+        self.results = results
+        self.cgroup = cgroup
+        self.workdir = workdir  # host temp dir, only without bwrap
+
+    async def kill(self) -> None:
+        """Kill everything the sandbox started (through its cgroup: daemonised children too) and reap bwrap."""
+        if self.cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                await asyncio.to_thread(self.cgroup.kill_all)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), 5)
+
+
+class BwrapBackend:
+    """Runs code under bwrap + cgroups; with `isolate=False` (only with --allow-unsafe) as plain processes."""
+
+    def __init__(self, cfg: SandboxConfig, *, isolate: bool = True):
+        self.cfg = cfg
+        self.isolate = isolate
+        self.name = "bwrap" if isolate else "none"
+        self.python, self.prefix = python_runtime()
+        self.bwrap = shutil.which("bwrap") if isolate else None
+        self.cgroup_version = detect_version()
+        self.cgroups: CgroupPool | None = None
+        self._ready: asyncio.Queue[Warm] = asyncio.Queue()
+        self._spawning = 0
+        self._wake = asyncio.Event()
+        self._refill_task: asyncio.Task | None = None
+        self._closing = False
+        self.spawn_failures = 0
+        self.last_spawn_error = ""
+
+    @property
+    def isolation(self) -> str:
+        if not self.isolate:
+            return "none+cgroups" if self.cgroups else "none"
+        return "bwrap+cgroups" if self.cgroups else "bwrap"
+
+    def _check_bwrap(self) -> None:
+        if self.bwrap is None:
+            raise BackendError("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap`, use "
+                               "--backend docker, or pass --allow-unsafe to run without isolation")
+        probe = subprocess.run([*bwrap_args(self.cfg, self.bwrap, self.prefix), self.python, "-I", "-c", "pass"],
+                               capture_output=True, timeout=30)
+        if probe.returncode != 0:
+            raise BackendError(f"bwrap cannot create a sandbox here (exit {probe.returncode}): "
+                               f"{probe.stderr.decode(errors='replace').strip()[:500]}")
+
+    async def start(self) -> None:
+        if self.isolate:
+            await asyncio.to_thread(self._check_bwrap)
+        if self.cgroup_version is not None and os.geteuid() == 0:
+            try:
+                self.cgroups = CgroupPool(self.cgroup_version, self.cfg.warm_pool + self.cfg.max_concurrency)
+            except CgroupError:
+                self.cgroups = None
+        if self.isolate and self.cgroups is None and not self.cfg.allow_unsafe:
+            raise BackendError("bwrap works but cgroups are unavailable (need root and cgroup v1/v2 with memory "
+                               "and pids controllers): fork and memory bombs would not be contained. "
+                               "Pass --allow-unsafe to run anyway")
+        self._refill_task = asyncio.create_task(self._refill_loop())
+        self._wake.set()
+
+    def info(self) -> dict:
+        return {"backend": self.name, "isolation": self.isolation,
+                "cgroup_version": self.cgroup_version if self.cgroups else None,
+                "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
+                "last_spawn_error": self.last_spawn_error, "python": self.python}
+
+    async def _spawn(self, src: str, argv: list[str], memory_mb: int) -> Warm:
+        cg = self.cgroups.acquire() if self.cgroups else None
+        workdir = None
+        r_res, w_res = os.pipe()
+        try:
+            inner = [self.python, "-I", "-c", src, str(w_res), *argv]
+            if self.isolate:
+                cmd = [*bwrap_args(self.cfg, self.bwrap, self.prefix), *inner]
+            else:
+                workdir = tempfile.mkdtemp(prefix="agentrl-unsafe-")
+                cmd = inner
+            if cg is not None:
+                cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
+                # The shell joins the cgroup, then execs bwrap: every process of the sandbox starts inside it.
+                joins = " && ".join(f"echo 0 > {f}" for f in cg.procs_files)
+                cmd = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *cmd]
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, pass_fds=(w_res,), start_new_session=True, cwd=workdir,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": workdir or "/"}
+                if not self.isolate else {}, limit=1 << 20)
+        except BaseException:
+            os.close(r_res)
+            if cg is not None and self.cgroups is not None:
+                self.cgroups.release(cg)
+            raise
+        finally:
+            os.close(w_res)
+        loop = asyncio.get_running_loop()
+        results = asyncio.StreamReader(limit=1 << 30)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(results), os.fdopen(r_res, "rb", 0))
+        warm = Warm(proc, results, cg, workdir)
+        try:
+            ready = await asyncio.wait_for(read_frame(results), 30)
+        except asyncio.TimeoutError:
+            ready = None
+        if not ready or not ready.get("ready"):
+            await self._dispose(warm)
+            err = b""
+            with contextlib.suppress(Exception):
+                err = await asyncio.wait_for(proc.stderr.read(2000), 1)
+            raise BackendError(f"sandbox did not start (exit {proc.returncode}): {err.decode(errors='replace')}")
+        return warm
+
+    async def _dispose(self, warm: Warm) -> None:
+        await warm.kill()
+        if warm.cgroup is not None and self.cgroups is not None:
+            self.cgroups.release(warm.cgroup)
+        if warm.workdir:
+            shutil.rmtree(warm.workdir, ignore_errors=True)
+        for stream in (warm.proc.stdout, warm.proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    stream.feed_eof()
+        transport = getattr(warm.proc, "_transport", None)
+        if transport is not None:
+            transport.close()
+
+    async def _refill_loop(self) -> None:
+        while not self._closing:
+            await self._wake.wait()
+            self._wake.clear()
+            while not self._closing and self._ready.qsize() + self._spawning < self.cfg.warm_pool:
+                self._spawning += 1
+                asyncio.create_task(self._spawn_one())
+
+    async def _spawn_one(self) -> None:
+        try:
+            warm = await self._spawn(RUNNER_SRC, [], self.cfg.default_memory_mb)
+        except (BackendError, OSError, CgroupError) as e:
+            self.spawn_failures += 1
+            self.last_spawn_error = str(e)[:500]
+            await asyncio.sleep(0.5)  # back off, then let the loop try again
+            self._spawning -= 1
+            self._wake.set()
+            return
+        self._spawning -= 1
+        if self._closing:
+            await self._dispose(warm)
+            return
+        self._ready.put_nowait(warm)
+
+    async def _take(self) -> Warm:
+        while not self._ready.empty():
+            warm = self._ready.get_nowait()
+            self._wake.set()
+            if warm.proc.returncode is None:
+                return warm
+            await self._dispose(warm)
+        self._wake.set()
+        return await self._spawn(RUNNER_SRC, [], self.cfg.default_memory_mb)
+
+    def _payload(self, req: ExecRequest) -> dict:
+        payload = {"language": req.language, "code": req.code, "files": req.files, "fetch_files": req.fetch_files,
+                   "fetch_limit": self.cfg.max_body_bytes,
+                   "rlimits": {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit,
+                               "cpu": int(req.run_timeout) + 2}}
+        if req.language != "python":
+            interpreter, suffix = LANGUAGES[req.language]
+            payload["interpreter"] = interpreter
+            payload["suffix"] = suffix
+            payload["script_dir"] = "/tmp" if self.isolate else "."
+        return payload
+
+    async def execute(self, req: ExecRequest) -> ExecResult:
+        try:
+            warm = await self._take()
+        except (BackendError, OSError, CgroupError) as e:
+            return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=str(e))
+        try:
+            return await self._execute_in(warm, req)
+        finally:
+            await self._dispose(warm)
+
+    async def _execute_in(self, warm: Warm, req: ExecRequest) -> ExecResult:
+        cfg, cg, proc = self.cfg, warm.cgroup, warm.proc
+        if cg is not None:
+            cg.set_memory(req.memory_mb << 20)
+            base = cg.counters()
+        out, err = HeadTail(cfg.max_output_bytes), HeadTail(cfg.max_output_bytes)
+        reasons: list[str] = []
+
+        def over_limit() -> None:
+            if "output_limit" not in reasons:
+                reasons.append("output_limit")
+                asyncio.create_task(warm.kill())
+
+        drains = [asyncio.create_task(drain(proc.stdout, out, cfg.output_kill_bytes, over_limit)),
+                  asyncio.create_task(drain(proc.stderr, err, cfg.output_kill_bytes, over_limit))]
+        feeder = asyncio.create_task(self._feed(proc, encode_frame(self._payload(req)) + req.stdin))
+        started = time.monotonic()
+        result = None
+        try:
+            result = await asyncio.wait_for(read_frame(warm.results), req.run_timeout + 0.1)
+        except asyncio.TimeoutError:
+            reasons.append("timeout")
+        elapsed = time.monotonic() - started
+        await warm.kill()
+        feeder.cancel()
+        done, pending = await asyncio.wait(drains, timeout=2)
+        for task in pending:
+            task.cancel()
+        counters = cg.counters().delta(base) if cg is not None else None
+        if result is not None and "setup_error" in result:
+            return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=result["setup_error"])
+        if result is None and not reasons and proc.returncode == 3:
+            return ExecResult(status="Error", return_code=None, exit_reason="exit",
+                              infra_error="sandbox runner rejected the request frame")
+        if counters is not None and counters.oom_kills > 0:
+            reasons.insert(0, "oom")
+        if counters is not None and counters.pids_max_hits > 0:
+            reasons.insert(0 if "oom" not in reasons else 1, "pids_limit")
+        sig = None
+        if result is not None:
+            exit_info = result["exit"]
+            if "signal" in exit_info:
+                sig = exit_info["signal"]
+                return_code: int | None = 128 + sig
+            else:
+                return_code = exit_info["code"]
+            elapsed = result["elapsed"]
+        elif "timeout" in reasons:
+            return_code = None
+        else:
+            # The runner died before reporting (the code killed it, or the kernel OOM-killed it).
+            rc = proc.returncode if proc.returncode is not None else 137
+            return_code = rc if rc >= 0 else 128 - rc
+            sig = return_code - 128 if return_code > 128 else None
+        if sig is not None:
+            reasons.append("signal")
+        status = "TimeLimitExceeded" if "timeout" in reasons else "Finished"
+        return ExecResult(
+            status=status, return_code=return_code, exit_reason=reasons[0] if reasons else "exit",
+            stdout=out.text(), stderr=err.text(), truncated=out.truncated or err.truncated,
+            signal=signal.Signals(sig).name if sig and sig in signal.Signals._value2member_map_ else None,
+            execution_time=round(elapsed, 4), files=result["files"] if result else {},
+            file_errors=result["file_errors"] if result else {},
+            memory_peak_mb=round(counters.memory_peak / 2**20, 1) if counters and counters.memory_peak else None)
+
+    @staticmethod
+    async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+        """Write the request frame and the program's stdin; the program may never read it (that is fine)."""
+        try:
+            for i in range(0, len(data), 1 << 16):
+                proc.stdin.write(data[i:i + (1 << 16)])
+                await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    async def open_session(self, language: str, memory_mb: int) -> SessionProc:
+        if language != "python":
+            raise ValueError(f"sessions support language 'python' only, got {language!r}")
+
+        async def spawn() -> Warm:
+            return await self._spawn(SESSION_SRC, [str(self.cfg.max_file_bytes), str(self.cfg.nofile_limit)],
+                                     memory_mb)
+
+        proc = SessionProc(spawn, self._dispose, self.cfg)
+        await proc.start()
+        return proc
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._refill_task is not None:
+            self._refill_task.cancel()
+        while self._spawning:
+            await asyncio.sleep(0.01)
+        while not self._ready.empty():
+            await self._dispose(self._ready.get_nowait())
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.close)

@@ -1,0 +1,196 @@
+"""Runs INSIDE a sandbox (passed as `python -I -c <this file's text> RESULT_FD`); stdlib only, no repo imports.
+
+Started ahead of time as part of a warm sandbox, it reports `ready`, then waits for one request frame on stdin
+(4-byte big-endian length + JSON). The bytes after the frame are the program's stdin. It writes the request's
+files into the work dir, forks the program (Python code runs in the already-started interpreter, which is why a
+warm sandbox answers faster than a fresh `python3 -c`), waits for it, reads `fetch_files` without following
+symlinks, and writes one result frame to RESULT_FD. The host enforces time and memory from outside; this
+process only sets the second layer of rlimits for the program.
+"""
+
+import os
+import sys
+
+
+def _frame(fd, obj):
+    import json
+
+    data = json.dumps(obj).encode()
+    payload = len(data).to_bytes(4, "big") + data
+    while payload:
+        payload = payload[os.write(fd, payload):]
+
+
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("request stream ended early")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _open_beneath(path, flags, mode=0o644, create_dirs=False):
+    """Open a relative `path` under the cwd with O_NOFOLLOW on every component (no symlink, no '..')."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or path.startswith("/") or ".." in parts:
+        raise PermissionError(f"{path!r} is not a relative path inside the work dir")
+    dir_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            if create_dirs:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=dir_fd)
+                except FileExistsError:
+                    pass
+            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = next_fd
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _write_files(files):
+    import base64
+
+    for path, b64 in files.items():
+        fd = _open_beneath(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create_dirs=True)
+        data = base64.b64decode(b64)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+
+
+def _fetch_files(paths, limit):
+    import base64
+    import errno
+
+    files, errors, total = {}, {}, 0
+    for path in paths:
+        try:
+            fd = _open_beneath(path, os.O_RDONLY)
+        except OSError as e:
+            errors[path] = "symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else (
+                "missing" if e.errno == errno.ENOENT else f"{type(e).__name__}: {e.strerror or e}")
+            continue
+        try:
+            import stat
+
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                errors[path] = "not_a_file"
+                continue
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > limit:
+                    errors[path] = "too_large"
+                    chunks = None
+                    break
+                chunks.append(chunk)
+            if chunks is not None:
+                files[path] = base64.b64encode(b"".join(chunks)).decode()
+        finally:
+            os.close(fd)
+    return files, errors
+
+
+def _run_python(code):
+    """Run `code` like `python -c` would, in this (forked) interpreter; returns the exit status."""
+    import builtins
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.path.insert(0, "")
+    try:
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code & 0xFF
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException as e:
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+        return 1
+    return 0
+
+
+def _child(req):
+    import resource
+
+    limits = req["rlimits"]
+    for name, value in (("RLIMIT_FSIZE", limits["fsize"]), ("RLIMIT_NOFILE", limits["nofile"]),
+                        ("RLIMIT_CPU", limits["cpu"]), ("RLIMIT_CORE", 0)):
+        resource.setrlimit(getattr(resource, name), (value, value))
+    sys.argv = ["-c", *req.get("argv", [])]
+    if req["language"] == "python":
+        status = _run_python(req["code"])
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+        # A normal interpreter exit: atexit handlers and non-daemon threads finish, as after `python -c`.
+        sys.exit(status)
+    interpreter = req["interpreter"]
+    script = os.path.join(req["script_dir"], f".main{req['suffix']}")
+    with open(script, "w") as f:
+        f.write(req["code"])
+    os.execv(interpreter[0], [*interpreter, script, *req.get("argv", [])])
+
+
+def main():
+    import time
+
+    result_fd = int(sys.argv[1])
+    os.set_inheritable(result_fd, False)
+    _frame(result_fd, {"ready": True})
+    try:
+        size = int.from_bytes(_read_exact(0, 4), "big")
+        import json
+
+        req = json.loads(_read_exact(0, size))
+    except (EOFError, ValueError):
+        os._exit(3)
+    try:
+        _write_files(req.get("files") or {})
+    except (OSError, ValueError) as e:
+        _frame(result_fd, {"setup_error": f"could not write files: {e}"})
+        os._exit(0)
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child(req)
+        except SystemExit:
+            raise  # the program's exit status, through a normal interpreter shutdown
+        except BaseException as e:
+            print(f"sandbox runner: {type(e).__name__}: {e}", file=sys.stderr)
+            os._exit(126)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    _, status, usage = os.wait4(pid, 0)
+    elapsed = time.monotonic() - start
+    files, errors = _fetch_files(req.get("fetch_files") or [], req["fetch_limit"])
+    exit_info = {"code": os.WEXITSTATUS(status)} if os.WIFEXITED(status) else {"signal": os.WTERMSIG(status)}
+    _frame(result_fd, {"exit": exit_info, "elapsed": elapsed, "cpu": usage.ru_utime + usage.ru_stime,
+                       "maxrss_kb": usage.ru_maxrss, "files": files, "file_errors": errors})
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

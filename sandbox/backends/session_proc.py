@@ -1,0 +1,209 @@
+"""Host side of a session's persistent interpreter: one cell at a time, interrupt on timeout, restart if stuck.
+
+The interpreter's stdout and stderr are drained continuously; an end marker carrying the cell id (written by
+the interpreter after each cell) cuts them into per-cell outputs. A cell past its time limit gets SIGINT
+(KeyboardInterrupt in the main thread), which keeps the namespace; one that does not yield within the grace
+period, or an interpreter that died (OOM, os._exit, killed), is replaced and the result says `restarted: true`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import Awaitable, Callable
+
+from sandbox.backends.base import encode_frame, read_frame
+from sandbox.config import SandboxConfig
+from sandbox.output import HeadTail
+
+MARKER_PREFIX = b"\x00agentrl-cell-end:"
+
+
+class _Stream:
+    """Cuts one output stream into per-cell HeadTail buffers at the end markers."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.buf = HeadTail(limit)
+        self.pending = b""
+        self.marker = b""
+        self.seen = asyncio.Event()
+
+    def expect(self, cell_id: str) -> HeadTail:
+        """Start a cell: output produced since the last marker (background threads) counts toward it."""
+        self.marker = MARKER_PREFIX + cell_id.encode() + b"\x00"
+        self.seen.clear()
+        return self.buf
+
+    def feed(self, chunk: bytes) -> None:
+        data = self.pending + chunk
+        self.pending = b""
+        if self.marker:
+            idx = data.find(self.marker)
+            if idx >= 0:
+                self.buf.feed(data[:idx])
+                self.buf = HeadTail(self.limit)  # what follows belongs to the next cell
+                self.marker, data = b"", data[idx + len(self.marker):]
+                self.seen.set()
+            else:
+                keep = len(self.marker) - 1  # a marker may straddle two reads
+                self.pending, data = data[-keep:], data[:-keep]
+        self.buf.feed(data)
+
+    def flush(self) -> None:
+        self.buf.feed(self.pending)
+        self.pending = b""
+
+
+class SessionProc:
+    def __init__(self, spawn: Callable[[], Awaitable], dispose: Callable[[object], Awaitable[None]],
+                 cfg: SandboxConfig):
+        self._spawn = spawn
+        self._dispose = dispose
+        self.cfg = cfg
+        self.warm = None
+        self.lock = asyncio.Lock()
+        self.execution_count = 0
+        self.restarts = 0
+        self._readers: list[asyncio.Task] = []
+        self._streams: list[_Stream] = []
+        self._over_limit = False
+
+    async def start(self) -> None:
+        self.warm = await self._spawn()
+        self._streams = [_Stream(self.cfg.max_output_bytes), _Stream(self.cfg.max_output_bytes)]
+        self._frames: asyncio.Queue = asyncio.Queue()
+        self._readers = [asyncio.create_task(self._read(self.warm.proc.stdout, self._streams[0])),
+                         asyncio.create_task(self._read(self.warm.proc.stderr, self._streams[1])),
+                         asyncio.create_task(self._read_frames())]
+
+    async def _read_frames(self) -> None:
+        # One reader owns the result pipe, so a timed-out wait can never cut a frame in half.
+        while True:
+            frame = await read_frame(self.warm.results)
+            await self._frames.put(frame)
+            if frame is None:
+                return
+
+    async def _read(self, reader: asyncio.StreamReader, stream: _Stream) -> None:
+        while True:
+            chunk = await reader.read(1 << 16)
+            if not chunk:
+                stream.flush()
+                return
+            stream.feed(chunk)
+            if stream.buf.total > self.cfg.output_kill_bytes:
+                self._over_limit = True
+
+    @property
+    def alive(self) -> bool:
+        return self.warm is not None and self.warm.proc.returncode is None
+
+    async def _stop(self) -> None:
+        for task in self._readers:
+            task.cancel()
+        if self.warm is not None:
+            await self._dispose(self.warm)
+        self.warm = None
+
+    async def _restart(self) -> None:
+        await self._stop()
+        self.restarts += 1
+        self.execution_count = 0
+        await self.start()
+
+    async def _send(self, msg: dict) -> None:
+        self.warm.proc.stdin.write(encode_frame(msg))
+        await self.warm.proc.stdin.drain()
+
+    async def _wait_result(self, cell_id: str, timeout: float) -> dict | None:
+        """The result frame for `cell_id`, None if the interpreter died; raises TimeoutError."""
+        end = time.monotonic() + timeout
+        while True:
+            frame = await asyncio.wait_for(self._frames.get(), max(0.0, end - time.monotonic()))
+            if frame is None or frame.get("id") == cell_id:
+                return frame
+
+    async def run_cell(self, code: str, timeout: float) -> dict:
+        async with self.lock:
+            restarted = False
+            if not self.alive:
+                await self._restart()
+                restarted = True
+            self.execution_count += 1
+            cell_id = uuid.uuid4().hex
+            bufs = [s.expect(cell_id) for s in self._streams]
+            self._over_limit = False
+            cg = self.warm.cgroup
+            base = cg.counters() if cg is not None else None
+            started = time.monotonic()
+            status, reason, frame = "ok", "exit", None
+            try:
+                await self._send({"op": "cell", "id": cell_id, "code": code, "n": self.execution_count})
+                frame = await self._wait_limited(cell_id, timeout)
+            except (BrokenPipeError, ConnectionResetError):
+                frame = None
+            except asyncio.TimeoutError:
+                status, reason = "timeout", "output_limit" if self._over_limit else "timeout"
+                frame = await self._interrupt(cell_id)
+            elapsed = time.monotonic() - started
+            error = None
+            if frame is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.gather(*(s.seen.wait() for s in self._streams)), 2)
+                error = frame.get("error")
+                if status == "ok" and error:
+                    status = "error"
+                if status == "timeout":
+                    error = {"name": "TimeoutError",
+                             "value": f"cell exceeded its {timeout:g} s time limit and was interrupted"
+                             if reason == "timeout" else "cell output exceeded the output limit and was interrupted",
+                             "traceback": (error or {}).get("traceback", "")}
+            else:
+                counters = cg.counters().delta(base) if cg is not None else None
+                if status != "timeout":
+                    status = "error"
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.warm.proc.wait(), 1)
+                    rc = self.warm.proc.returncode
+                    reason = ("oom" if counters and counters.oom_kills else
+                              "pids_limit" if counters and counters.pids_max_hits else
+                              "signal" if rc is None or rc < 0 or rc > 128 else "exit")
+                for s in self._streams:
+                    s.flush()
+                what = {"oom": "ran out of memory", "pids_limit": "hit the process limit",
+                        "signal": "was killed", "exit": "exited", "timeout": "could not be interrupted",
+                        "output_limit": "could not be interrupted"}[reason]
+                error = {"name": "SessionRestarted" if status != "timeout" else "TimeoutError",
+                         "value": f"the interpreter {what}; it was restarted and earlier state is lost",
+                         "traceback": ""}
+                await self._restart()
+                restarted = True
+            return {"status": status, "stdout": bufs[0].text(), "stderr": bufs[1].text(), "error": error,
+                    "execution_count": self.execution_count, "restarted": restarted, "exit_reason": reason,
+                    "truncated": bufs[0].truncated or bufs[1].truncated, "execution_time": round(elapsed, 4)}
+
+    async def _wait_limited(self, cell_id: str, timeout: float) -> dict | None:
+        """Wait for the result, giving up early (as a timeout) when the cell floods its output."""
+        end = time.monotonic() + timeout
+        while True:
+            step = min(0.25, end - time.monotonic())
+            if step <= 0 or self._over_limit:
+                raise asyncio.TimeoutError
+            try:
+                return await self._wait_result(cell_id, step)
+            except asyncio.TimeoutError:
+                continue
+
+    async def _interrupt(self, cell_id: str) -> dict | None:
+        """SIGINT the cell; None if it did not stop within the grace period (the caller restarts)."""
+        try:
+            await self._send({"op": "interrupt", "id": cell_id})
+            return await self._wait_result(cell_id, self.cfg.session_interrupt_grace_s)
+        except (asyncio.TimeoutError, BrokenPipeError, ConnectionResetError):
+            return None
+
+    async def close(self) -> None:
+        await self._stop()

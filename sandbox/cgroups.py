@@ -1,0 +1,269 @@
+"""cgroups for sandboxes: v1/v2 detection, limits, kill-through-the-cgroup, and a pre-created pool.
+
+A sandbox joins its cgroup *before* bwrap forks (a shell writes `0` into cgroup.procs, then execs bwrap), so
+every descendant, daemonised or not, is accounted and killed with it. Creating a cgroup costs tens of
+milliseconds here, so the service creates them at start and recycles them; counters that cannot be reset in v1
+(OOM kills, pids-limit hits) are read as deltas against a baseline taken before each use.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+
+
+class CgroupError(RuntimeError):
+    """cgroups are missing, not writable, or a cgroup could not be emptied."""
+
+
+@dataclass
+class CgroupCounters:
+    oom_kills: int = 0
+    pids_max_hits: int = 0
+    memory_peak: int = 0
+
+    def delta(self, base: "CgroupCounters") -> "CgroupCounters":
+        return CgroupCounters(self.oom_kills - base.oom_kills, self.pids_max_hits - base.pids_max_hits,
+                              self.memory_peak)
+
+
+def detect_version() -> int | None:
+    """2 for a unified hierarchy with memory+pids, 1 for v1 memory+pids+cpu controllers, None otherwise."""
+    if (CGROUP_ROOT / "cgroup.controllers").is_file():
+        controllers = (CGROUP_ROOT / "cgroup.controllers").read_text().split()
+        return 2 if {"memory", "pids"} <= set(controllers) else None
+    if all((CGROUP_ROOT / c / "cgroup.procs").is_file() for c in V1_CONTROLLERS):
+        return 1
+    return None
+
+
+def _own_path(controller: str | None) -> str:
+    """This process's cgroup path for `controller` (v1) or in the unified hierarchy (None)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller is None and names == "":
+            return path
+        if controller is not None and controller in names.split(","):
+            return path
+    return "/"
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read_kv(path: Path) -> dict[str, int]:
+    out = {}
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if value.strip().lstrip("-").isdigit():
+                out[key] = int(value)
+    except OSError:
+        pass
+    return out
+
+
+def _rmdir_retry(path: Path, deadline_s: float = 2.0) -> None:
+    """rmdir right after the last process exits often fails with EBUSY for a few milliseconds: retry."""
+    end = time.monotonic() + deadline_s
+    delay = 0.002
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > end:
+                raise CgroupError(f"cannot remove cgroup {path}: {e}") from e
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+class Cgroup:
+    """One sandbox's cgroup: one directory per v1 controller, or one unified v2 directory."""
+
+    def __init__(self, version: int, dirs: dict[str, Path]):
+        self.version = version
+        self.dirs = dirs  # v1: controller -> dir; v2: {"unified": dir}
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs.values()]
+
+    def _d(self, controller: str) -> Path:
+        return self.dirs[controller] if self.version == 1 else self.dirs["unified"]
+
+    def set_limits(self, *, memory_bytes: int, pids: int, cpus: float) -> None:
+        if self.version == 1:
+            mem = self._d("memory")
+            memsw = mem / "memory.memsw.limit_in_bytes"
+            # limit <= memsw must hold after each write, so the order depends on the direction of the change.
+            if memsw.exists():
+                try:
+                    _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+                    _write(memsw, str(memory_bytes))
+                except OSError:
+                    _write(memsw, str(memory_bytes))
+                    _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+            else:
+                _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+            if (mem / "memory.swappiness").exists():
+                try:
+                    _write(mem / "memory.swappiness", "0")
+                except OSError:
+                    pass
+            _write(self._d("pids") / "pids.max", str(pids))
+            _write(self._d("cpu") / "cpu.cfs_period_us", "100000")
+            _write(self._d("cpu") / "cpu.cfs_quota_us", str(int(cpus * 100000)))
+        else:
+            d = self._d("memory")
+            _write(d / "memory.max", str(memory_bytes))
+            if (d / "memory.swap.max").exists():
+                _write(d / "memory.swap.max", "0")
+            _write(d / "pids.max", str(pids))
+            if (d / "cpu.max").exists():
+                _write(d / "cpu.max", f"{int(cpus * 100000)} 100000")
+
+    def set_memory(self, memory_bytes: int) -> None:
+        if self.version == 1:
+            mem = self._d("memory")
+            memsw = mem / "memory.memsw.limit_in_bytes"
+            try:
+                _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+                if memsw.exists():
+                    _write(memsw, str(memory_bytes))
+            except OSError:
+                _write(memsw, str(memory_bytes))
+                _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+            try:
+                _write(mem / "memory.max_usage_in_bytes", "0")
+            except OSError:
+                pass
+        else:
+            _write(self._d("memory") / "memory.max", str(memory_bytes))
+
+    def counters(self) -> CgroupCounters:
+        if self.version == 1:
+            oom = _read_kv(self._d("memory") / "memory.oom_control").get("oom_kill", 0)
+            peak_file = self._d("memory") / "memory.max_usage_in_bytes"
+        else:
+            oom = _read_kv(self._d("memory") / "memory.events").get("oom_kill", 0)
+            peak_file = self._d("memory") / "memory.peak"
+        pids_max = _read_kv(self._d("pids") / "pids.events").get("max", 0)
+        try:
+            peak = int(peak_file.read_text())
+        except (OSError, ValueError):
+            peak = 0
+        return CgroupCounters(oom, pids_max, peak)
+
+    def procs(self) -> set[int]:
+        pids: set[int] = set()
+        for f in self.procs_files:
+            try:
+                pids.update(int(p) for p in Path(f).read_text().split())
+            except FileNotFoundError:
+                continue
+        return pids
+
+    def kill_all(self, deadline_s: float = 3.0) -> None:
+        """SIGKILL every process in the cgroup until it stays empty; raises CgroupError if it does not."""
+        kill_file = self._d("memory") / "cgroup.kill" if self.version == 2 else None
+        end = time.monotonic() + deadline_s
+        while True:
+            pids = self.procs()
+            if not pids:
+                return
+            if kill_file is not None and kill_file.exists():
+                _write(kill_file, "1")
+            else:
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            if time.monotonic() > end:
+                raise CgroupError(f"cgroup {self.dirs} still has processes {sorted(pids)[:10]} after SIGKILL")
+            time.sleep(0.002)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for d in self.dirs.values():
+            _rmdir_retry(d)
+
+
+class CgroupPool:
+    """Pre-created cgroups under a per-service parent (inside this process's own cgroup), recycled."""
+
+    def __init__(self, version: int, size: int, name: str | None = None):
+        self.version = version
+        self.name = name or f"agentrl-sandbox-{os.getpid()}"
+        self._free: deque[Cgroup] = deque()
+        self._all: list[Cgroup] = []
+        self._counter = 0
+        if version == 1:
+            self.parents = {c: CGROUP_ROOT / c / _own_path(c).lstrip("/") / self.name for c in V1_CONTROLLERS}
+        else:
+            self.parents = {"unified": CGROUP_ROOT / _own_path(None).lstrip("/") / self.name}
+        try:
+            for parent in self.parents.values():
+                parent.mkdir(exist_ok=True)
+            if version == 2:
+                _write(self.parents["unified"] / "cgroup.subtree_control", "+memory +pids +cpu")
+        except OSError as e:
+            raise CgroupError(f"cannot create sandbox cgroups under {list(self.parents.values())}: {e}. "
+                              "Run the service as root (or with a delegated cgroup subtree)") from e
+        for _ in range(size):
+            cg = self._create()
+            self._free.append(cg)
+
+    def _create(self) -> Cgroup:
+        self._counter += 1
+        dirs = {key: parent / f"s{self._counter}" for key, parent in self.parents.items()}
+        for d in dirs.values():
+            d.mkdir(exist_ok=True)
+        cg = Cgroup(self.version, dirs)
+        self._all.append(cg)
+        return cg
+
+    def acquire(self) -> Cgroup:
+        return self._free.popleft() if self._free else self._create()
+
+    def release(self, cg: Cgroup) -> None:
+        """Empty the cgroup and make it available again; a cgroup that cannot be emptied is retired."""
+        try:
+            cg.kill_all()
+        except CgroupError:
+            return
+        self._free.append(cg)
+
+    @property
+    def in_use(self) -> int:
+        return len(self._all) - len(self._free)
+
+    def close(self) -> None:
+        errors = []
+        for cg in self._all:
+            try:
+                cg.remove()
+            except CgroupError as e:
+                errors.append(str(e))
+        for parent in self.parents.values():
+            try:
+                _rmdir_retry(parent)
+            except CgroupError as e:
+                errors.append(str(e))
+        self._all.clear()
+        self._free.clear()
+        if errors:
+            raise CgroupError("; ".join(errors))

@@ -1,0 +1,75 @@
+"""`agentrl sandbox serve`: start the code-execution sandbox service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--backend", choices=["bwrap", "docker"], default=None, help="isolation backend (default bwrap)")
+    p.add_argument("--allow-unsafe", action="store_true",
+                   help="if no backend can isolate, run code as plain processes instead of refusing to start")
+    p.add_argument("--config", default=None, help="YAML file of SandboxConfig keys (sandbox/config.py)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one SandboxConfig key, e.g. --set max_concurrency=4 (repeatable)")
+    p.add_argument("--log-level", default="warning")
+
+
+def build_config(args: argparse.Namespace):
+    from agentrl.config import load_config
+    from sandbox.config import SandboxConfig
+
+    data = {}
+    if args.backend:
+        data["backend"] = args.backend
+    if args.allow_unsafe:
+        data["allow_unsafe"] = True
+    return load_config(SandboxConfig, args.config, overrides=args.overrides, data=data)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sandbox.app import create_app
+    from sandbox.backends.base import BackendError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = build_config(args)
+    except ValueError as e:
+        print(f"sandbox: bad configuration: {e}", file=sys.stderr)
+        return 2
+    app = create_app(cfg)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except BackendError as e:
+        print(f"sandbox: cannot start: {e}", file=sys.stderr)
+        return 3
+    if not server.started:
+        print("sandbox: the service did not start (see the error above)", file=sys.stderr)
+        return 3
+    return 0
+
+
+def add_commands(subparsers) -> None:
+    p = subparsers.add_parser("sandbox", help="code-execution sandbox service (SandboxFusion-compatible)")
+    sub = p.add_subparsers(dest="sandbox_command", metavar="ACTION", required=True)
+    s = sub.add_parser("serve", help="serve /run_code and sessions over HTTP")
+    add_serve_arguments(s)
+    s.set_defaults(func=serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(prog="python -m sandbox", description="code-execution sandbox service")
+    add_serve_arguments(parser)
+    return serve(parser.parse_args(argv))
