@@ -14,12 +14,16 @@ import sys
 # Explicit list, no discovery: a command appears here when its module exists and works.
 COMMAND_MODULES: list[str] = [
     "agentrl.models.cli",
+    "agentrl.inference.cli",
     "agentrl.data.cli",
     "agentrl.tools.cli",
+    "sandbox.cli",
 ]
 
 # `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).
-BENCH_MODULES: dict[str, str] = {}
+BENCH_MODULES: dict[str, str] = {
+    "tools": "agentrl.tools.bench",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

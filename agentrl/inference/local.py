@@ -60,6 +60,7 @@ class _Request:
     t_start: float = 0.0
     weight_version_start: int = 0
     length_clamped: bool = False
+    matched_stop: int | str | None = None
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -346,18 +347,24 @@ class LocalEngine:
         """Record a sampled token; return the finish reason if the request is done, else None."""
         r.out_ids.append(token)
         r.out_logprobs.append(logprob)
-        if token in r.stop_ids or (r.params.stop and self._hit_stop_string(r)):
+        if token in r.stop_ids:
+            r.matched_stop = token
             return "stop"
+        if r.params.stop:
+            matched = self._matched_stop_string(r)
+            if matched is not None:
+                r.matched_stop = matched
+                return "stop"
         if len(r.out_ids) >= r.max_new:
             return "length"
         return None
 
-    def _hit_stop_string(self, r: _Request) -> bool:
+    def _matched_stop_string(self, r: _Request) -> str | None:
         # Only the tail can hold a new match (an earlier one would have stopped the request); 4 tokens per
         # character covers byte-level tokens of multi-byte characters.
         tail = r.out_ids[-(4 * max(len(s) for s in r.params.stop) + 4):]
         text = self.tokenizer.decode(tail, skip_special_tokens=False)
-        return any(s and s in text for s in r.params.stop)
+        return next((s for s in r.params.stop if s and s in text), None)
 
     def _finish(self, r: _Request, reason: str) -> None:
         now = time.perf_counter()
@@ -368,6 +375,7 @@ class LocalEngine:
                 "queue_s": (r.t_start or now) - r.t_submit, "latency_s": now - r.t_submit,
                 "weight_version": self.weight_version, "weight_version_start": r.weight_version_start,
                 "length_clamped_to_context": r.length_clamped,
+                "matched_stop": r.matched_stop,  # the stop token id or stop string that ended a "stop" request
             },
         )
         with self._cv:

@@ -1,0 +1,88 @@
+"""`agentrl engine ...`: serve a LocalEngine over SGLang's HTTP API, or launch real SGLang servers (GPU)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_commands(subparsers) -> None:
+    engine = subparsers.add_parser("engine", help="rollout engines: serve the CPU engine, launch SGLang servers")
+    sub = engine.add_subparsers(dest="engine_command", metavar="ENGINE_COMMAND", required=True)
+
+    serve = sub.add_parser("serve", help="serve a LocalEngine behind SGLang's native HTTP API (/generate, ...)")
+    serve.add_argument("--model", required=True, help="Hugging Face model directory")
+    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--max-batch-size", type=int, default=32, help="decode slots (bounds KV-cache memory)")
+    serve.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
+    serve.add_argument("--max-queued-requests", type=int, default=4096)
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--num-threads", type=int, default=None, help="torch threads for the decode thread")
+    serve.add_argument("--log-level", default="warning")
+    serve.set_defaults(func=_serve)
+
+    launch = sub.add_parser("launch-sglang", help="start SGLang servers (GPU) with the flags RL needs, wait for "
+                                                  "/health, print their URLs, run until Ctrl-C")
+    launch.add_argument("--model", required=True, help="model path or Hugging Face id")
+    launch.add_argument("--num-servers", type=int, default=1)
+    launch.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server")
+    launch.add_argument("--base-port", type=int, default=30000)
+    launch.add_argument("--host", default="127.0.0.1")
+    launch.add_argument("--gpus", default=None, help="comma-separated GPU ids to use (default: 0..K*TP-1)")
+    launch.add_argument("--mem-fraction-static", type=float, default=0.7)
+    launch.add_argument("--context-length", type=int, default=None)
+    launch.add_argument("--dtype", default=None)
+    launch.add_argument("--no-memory-saver", action="store_true",
+                        help="omit --enable-memory-saver (release/resume_memory_occupation then fail)")
+    launch.add_argument("--deterministic", action="store_true", help="--enable-deterministic-inference")
+    launch.add_argument("--health-timeout", type=float, default=900.0)
+    launch.add_argument("--urls-file", default=None, help="write the server URLs here, one per line")
+    launch.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    launch.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra sglang.launch_server flags")
+    launch.set_defaults(func=_launch_sglang)
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from agentrl.inference.config import EngineConfig
+    from agentrl.inference.local import LocalEngine
+    from agentrl.inference.server import create_app
+
+    config = EngineConfig(device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
+                          max_model_len=args.max_model_len, max_queued_requests=args.max_queued_requests,
+                          num_threads=args.num_threads)
+    engine = LocalEngine.from_pretrained(args.model, config)
+    app = create_app(engine, str(args.model))
+    print(f"agentrl engine serving {args.model} on http://{args.host}:{args.port} "
+          f"(max_batch_size={config.max_batch_size}, max_model_len={engine.max_model_len})", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.close_sync()
+    return 0
+
+
+def _launch_sglang(args) -> int:
+    from agentrl.inference.launcher import SGLangLaunchSpec, launch_sglang_servers, sglang_server_commands
+
+    extra = [a for a in args.extra if a != "--"]
+    spec = SGLangLaunchSpec(model_path=args.model, num_servers=args.num_servers, tp=args.tp,
+                            base_port=args.base_port, host=args.host,
+                            gpus=[int(g) for g in args.gpus.split(",")] if args.gpus else None,
+                            mem_fraction_static=args.mem_fraction_static, context_length=args.context_length,
+                            dtype=args.dtype, enable_memory_saver=not args.no_memory_saver,
+                            deterministic=args.deterministic, extra_args=extra)
+    if args.dry_run:
+        for env, cmd in sglang_server_commands(spec):
+            print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
+        return 0
+    with launch_sglang_servers(spec, health_timeout_s=args.health_timeout) as servers:
+        if args.urls_file:
+            with open(args.urls_file, "w") as f:
+                f.write("\n".join(servers.urls) + "\n")
+        print("SGLang servers ready:", " ".join(servers.urls), flush=True)
+        print("use them with: engine.backend=sglang engine.urls=[" + ",".join(servers.urls) + "]", flush=True)
+        servers.wait()
+    return 0

@@ -1,0 +1,139 @@
+"""Start SGLang servers for RL (GPU machines): one `python -m sglang.launch_server` process per GPU group.
+
+Flags RL needs: `--enable-memory-saver` (so the trainer can release/resume KV cache and weights between
+phases), an explicit `--mem-fraction-static` (leave room for a colocated trainer), `--tp-size`, and loopback
+hosts. Each server gets its own GPUs through CUDA_VISIBLE_DEVICES. `launch_sglang_servers` waits for every
+server's /health and kills the whole set if any of them dies or times out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import httpx
+
+
+@dataclass
+class SGLangLaunchSpec:
+    model_path: str
+    num_servers: int = 1
+    tp: int = 1
+    base_port: int = 30000
+    host: str = "127.0.0.1"
+    gpus: list[int] | None = None  # GPU ids to spread over the servers; None: 0 .. num_servers * tp - 1
+    mem_fraction_static: float | None = 0.7
+    context_length: int | None = None
+    dtype: str | None = None
+    enable_memory_saver: bool = True
+    deterministic: bool = False
+    extra_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.num_servers < 1 or self.tp < 1:
+            raise ValueError(f"num_servers ({self.num_servers}) and tp ({self.tp}) must be >= 1")
+        need = self.num_servers * self.tp
+        if self.gpus is not None and len(self.gpus) < need:
+            raise ValueError(f"{self.num_servers} servers x tp {self.tp} need {need} GPUs, --gpus lists "
+                             f"{len(self.gpus)}: {self.gpus}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://{self.host}:{self.base_port + i}" for i in range(self.num_servers)]
+
+
+def sglang_server_commands(spec: SGLangLaunchSpec) -> list[tuple[dict[str, str], list[str]]]:
+    """(extra environment, argv) per server."""
+    gpus = spec.gpus if spec.gpus is not None else list(range(spec.num_servers * spec.tp))
+    out = []
+    for i in range(spec.num_servers):
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model_path,
+               "--host", spec.host, "--port", str(spec.base_port + i), "--tp-size", str(spec.tp)]
+        if spec.mem_fraction_static is not None:
+            cmd += ["--mem-fraction-static", str(spec.mem_fraction_static)]
+        if spec.context_length is not None:
+            cmd += ["--context-length", str(spec.context_length)]
+        if spec.dtype is not None:
+            cmd += ["--dtype", spec.dtype]
+        if spec.enable_memory_saver:
+            cmd.append("--enable-memory-saver")
+        if spec.deterministic:
+            cmd.append("--enable-deterministic-inference")
+        cmd += list(spec.extra_args)
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus[i * spec.tp:(i + 1) * spec.tp])}
+        out.append((env, cmd))
+    return out
+
+
+class SGLangServers:
+    """Running server processes; `close()` (or leaving the `with`) terminates their process groups."""
+
+    def __init__(self, spec: SGLangLaunchSpec, procs: list[subprocess.Popen]):
+        self.spec = spec
+        self.procs = procs
+        self.urls = spec.urls
+
+    def wait(self) -> None:
+        """Block until a server exits (then raise) or Ctrl-C."""
+        while True:
+            for url, proc in zip(self.urls, self.procs):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"SGLang server {url} exited with code {proc.returncode}")
+            time.sleep(1.0)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def wait_healthy(urls: list[str], procs: list[subprocess.Popen] | None, timeout_s: float) -> None:
+    """Poll every url's /health until all answer 200; raise if a process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(range(len(urls)))
+    while pending:
+        for i in list(pending):
+            if procs is not None and procs[i].poll() is not None:
+                raise RuntimeError(f"SGLang server {urls[i]} exited with code {procs[i].returncode} before it "
+                                   f"became healthy; run its command by hand to see why")
+            try:
+                if httpx.get(f"{urls[i]}/health", timeout=5.0).status_code == 200:
+                    pending.remove(i)
+            except httpx.HTTPError:
+                pass
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"SGLang servers {[urls[i] for i in pending]} not healthy after {timeout_s}s")
+        if pending:
+            time.sleep(2.0)
+
+
+@contextlib.contextmanager
+def launch_sglang_servers(spec: SGLangLaunchSpec, health_timeout_s: float = 900.0) -> Iterator[SGLangServers]:
+    procs = []
+    servers = SGLangServers(spec, procs)
+    try:
+        for env, cmd in sglang_server_commands(spec):
+            procs.append(subprocess.Popen(cmd, env={**os.environ, **env}, start_new_session=True))
+        wait_healthy(servers.urls, procs, health_timeout_s)
+        yield servers
+    finally:
+        servers.close()
+
+
+__all__ = ["SGLangLaunchSpec", "SGLangServers", "sglang_server_commands", "launch_sglang_servers", "wait_healthy"]

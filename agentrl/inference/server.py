@@ -1,0 +1,258 @@
+"""`agentrl engine serve`: a LocalEngine behind SGLang's native HTTP API.
+
+The routes and JSON shapes follow sglang 0.5.x (`/generate`, `/update_weights_from_disk`, `/flush_cache`,
+`/abort_request`, `/health`, `/health_generate`, `/get_model_info`, `/get_server_info`), so `SGLangEngine` and
+other SGLang clients work against it unchanged and the SGLang code path is exercised end to end on CPU.
+Fields the local engine cannot honour are rejected with HTTP 400 naming the field; there is no prefix cache
+(`cached_tokens` is always 0) and no streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from agentrl.inference.base import EngineError, PromptTooLongError
+from agentrl.inference.local import LocalEngine
+from agentrl.inference.wire import WireError, finish_reason_to_wire, sampling_params_from_wire
+
+_TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+              "return_text_in_logprobs", "rid", "stream", "token_ids_logprob", "return_hidden_states",
+              "image_data", "audio_data", "video_data", "lora_path", "custom_logit_processor", "bootstrap_host",
+              "bootstrap_port", "bootstrap_room", "data_parallel_rank", "input_embeds", "session_params",
+              "log_metrics", "priority"}
+_UNSUPPORTED_IF_SET = ("token_ids_logprob", "image_data", "audio_data", "video_data", "lora_path",
+                       "custom_logit_processor", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+                       "input_embeds", "session_params")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _per_item(value: Any, n: int, name: str, batched: bool) -> list:
+    """Broadcast a scalar/object field over a batch, or check a per-item list has the batch's length."""
+    if batched and isinstance(value, list):
+        if len(value) != n:
+            raise WireError(f"{name} has {len(value)} entries but the batch has {n} inputs")
+        return value
+    return [value] * n
+
+
+class _Server:
+    def __init__(self, engine: LocalEngine, model_path: str):
+        self.engine = engine
+        self.model_path = model_path
+        self.weight_version = "default"
+
+    def _inputs(self, body: dict) -> tuple[list[list[int]], bool]:
+        has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
+        if has_ids == has_text:
+            raise WireError("send exactly one of input_ids or text")
+        if has_text:
+            text = body["text"]
+            batched = isinstance(text, list)
+            texts = text if batched else [text]
+            if not all(isinstance(t, str) for t in texts) or not texts:
+                raise WireError("text must be a string or a non-empty list of strings")
+            return [self.engine.tokenizer.encode(t) for t in texts], batched
+        ids = body["input_ids"]
+        if not isinstance(ids, list) or not ids:
+            raise WireError("input_ids must be a non-empty list of token ids or a list of such lists")
+        batched = isinstance(ids[0], list)
+        seqs = ids if batched else [ids]
+        for i, seq in enumerate(seqs):
+            if not isinstance(seq, list) or not seq or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                               for t in seq):
+                raise WireError(f"input_ids[{i}] must be a non-empty list of integers" if batched
+                                else "input_ids must be a non-empty list of integers")
+        return seqs, batched
+
+    def _check_top_level(self, body: dict) -> None:
+        unknown = sorted(set(body) - _TOP_LEVEL)
+        if unknown:
+            raise WireError(f"unknown /generate fields {unknown}")
+        for key in _UNSUPPORTED_IF_SET:
+            if body.get(key) not in (None, False, [], {}):
+                raise WireError(f"{key} is not supported by agentrl engine serve")
+        if body.get("stream"):
+            raise WireError("stream=true is not supported by agentrl engine serve; send stream=false")
+        if body.get("top_logprobs_num") not in (None, 0):
+            raise WireError("top_logprobs_num > 0 is not supported by agentrl engine serve")
+        if body.get("return_hidden_states"):
+            raise WireError("return_hidden_states is not supported by agentrl engine serve")
+
+    async def generate(self, body: dict) -> Any:
+        self._check_top_level(body)
+        seqs, batched = self._inputs(body)
+        n = len(seqs)
+        sps = _per_item(body.get("sampling_params"), n, "sampling_params", batched)
+        rets = _per_item(body.get("return_logprob", False), n, "return_logprob", batched)
+        starts = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len", batched)
+        rid = body.get("rid")
+        rids = _per_item(rid, n, "rid", batched) if rid is not None else [uuid.uuid4().hex for _ in range(n)]
+        for seq, start in zip(seqs, starts):
+            if start is not None and start != -1 and start < len(seq):
+                raise WireError(f"logprob_start_len={start} asks for prompt logprobs, which agentrl engine serve "
+                                f"does not return; send -1")
+        for i, seq in enumerate(seqs):  # validate the whole batch before any item starts decoding
+            where = f"input {i}: " if batched else ""
+            if len(seq) >= self.engine.max_model_len:
+                raise PromptTooLongError(f"{where}prompt has {len(seq)} tokens but the context window "
+                                         f"(max_model_len) is {self.engine.max_model_len}")
+            bad = next((t for t in seq if not 0 <= t < self.engine.vocab_size), None)
+            if bad is not None:
+                raise WireError(f"{where}token id {bad} is outside the vocabulary [0, {self.engine.vocab_size})")
+        parsed = [sampling_params_from_wire(sp) for sp in sps]
+        with_text = bool(body.get("return_text_in_logprobs", False))
+        items = await asyncio.gather(*[self._one(seq, p, opts, bool(ret), str(r), with_text)
+                                       for seq, (p, opts), ret, r in zip(seqs, parsed, rets, rids)])
+        return items if batched else items[0]
+
+    async def _one(self, ids: list[int], params, text_opts: dict, return_logprob: bool, rid: str,
+                   with_text: bool) -> dict:
+        t0 = time.perf_counter()
+        gen = await self.engine.generate(ids, params, request_id=rid)
+        tok = self.engine.tokenizer
+        matched = gen.metrics.get("matched_stop")
+        text_ids = gen.token_ids
+        if gen.finish_reason == "stop" and not text_opts["no_stop_trim"] and isinstance(matched, int):
+            text_ids = text_ids[:-1]
+        text = tok.decode(text_ids, skip_special_tokens=text_opts["skip_special_tokens"]) if tok else ""
+        if gen.finish_reason == "stop" and not text_opts["no_stop_trim"] and isinstance(matched, str):
+            text = text[:text.find(matched)] if matched in text else text
+        meta = {
+            "id": rid,
+            "finish_reason": finish_reason_to_wire(gen.finish_reason, matched, len(gen.token_ids)),
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(gen.token_ids),
+            "cached_tokens": 0,
+            "e2e_latency": time.perf_counter() - t0,
+            "weight_version": self.weight_version,
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, t, tok.decode([t], skip_special_tokens=False) if with_text and tok else None]
+                for lp, t in zip(gen.logprobs, gen.token_ids)]
+            meta["input_token_logprobs"] = []
+        return {"text": text, "output_ids": gen.token_ids, "meta_info": meta}
+
+    async def update_weights_from_disk(self, body: dict) -> JSONResponse:
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            return JSONResponse({"success": False, "message": "model_path (a HF model directory) is required"},
+                                status_code=400)
+        if body.get("load_format") not in (None, "auto", "safetensors"):
+            return JSONResponse({"success": False, "message": f"load_format={body['load_format']!r} is not "
+                                 "supported by agentrl engine serve (auto or safetensors)"}, status_code=400)
+        if body.get("abort_all_requests"):
+            self.engine.abort_all()
+        try:
+            await self.engine.update_weights(Path(path))
+        except (ValueError, OSError) as e:
+            return JSONResponse({"success": False, "message": f"failed to load weights from {path}: {e}"},
+                                status_code=400)
+        self.weight_version = str(body.get("weight_version") or self.engine.weight_version)
+        return JSONResponse({"success": True, "message": f"Succeeded to update model weights from {path}.",
+                             "num_paused_requests": 0})
+
+
+def create_app(engine: LocalEngine, model_path: str) -> FastAPI:
+    """The FastAPI app; run it with uvicorn (see `agentrl.inference.cli`)."""
+    app = FastAPI(title="agentrl engine (SGLang-compatible)")
+    server = _Server(engine, model_path)
+    app.state.server = server
+
+    @app.exception_handler(WireError)
+    async def wire_error(_request: Request, exc: WireError):
+        return _error(400, str(exc))
+
+    async def _json(request: Request) -> dict:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise WireError("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise WireError("request body must be a JSON object")
+        return body
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        try:
+            return JSONResponse(await server.generate(await _json(request)))
+        except (WireError, PromptTooLongError) as e:
+            return _error(400, str(e))
+        except ValueError as e:  # engine-side validation (e.g. token id outside the vocabulary)
+            return _error(400, str(e))
+        except EngineError as e:
+            return _error(503, str(e))
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        try:
+            body = await _json(request)
+        except WireError as e:
+            return JSONResponse({"success": False, "message": str(e)}, status_code=400)
+        return await server.update_weights_from_disk(body)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        return JSONResponse({"success": True, "message": "Cache flushed (agentrl engine serve keeps no prefix "
+                                                         "cache between requests)."})
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await _json(request)
+        if body.get("abort_all"):
+            return {"success": True, "aborted": engine.abort_all()}
+        rid = body.get("rid")
+        if not isinstance(rid, str):
+            return _error(400, "send rid (the request id) or abort_all=true")
+        return {"success": True, "aborted": int(engine.abort(rid))}
+
+    @app.post("/release_memory_occupation")
+    @app.post("/resume_memory_occupation")
+    async def memory_occupation():
+        return _error(400, "release/resume_memory_occupation is not supported by agentrl engine serve: the CPU "
+                           "engine allocates its KV cache per batch and frees it when idle")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/health_generate")
+    async def health_generate():
+        from agentrl.types import SamplingParams
+
+        try:
+            await asyncio.wait_for(engine.generate([0], SamplingParams(max_new_tokens=1, temperature=0)), 60)
+        except (EngineError, asyncio.TimeoutError) as e:
+            return _error(503, f"engine cannot generate: {e}")
+        return {"status": "ok"}
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info():
+        return {"model_path": server.model_path, "tokenizer_path": server.model_path, "is_generation": True,
+                "weight_version": server.weight_version, "max_model_len": engine.max_model_len,
+                "vocab_size": engine.vocab_size}
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def server_info():
+        cfg = engine.config
+        return {"backend": "agentrl-local", "model_path": server.model_path, "max_batch_size": cfg.max_batch_size,
+                "max_model_len": engine.max_model_len, "max_queued_requests": cfg.max_queued_requests,
+                "num_running": engine.num_running, "num_waiting": engine.num_waiting,
+                "weight_version": server.weight_version, "stats": dict(engine.stats)}
+
+    return app
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,244 @@
+"""SGLangEngine: the Engine protocol over one or more SGLang servers' native HTTP API.
+
+Routing: an episode's turns (same `session_id`) go to the same server so its radix cache reuses the shared
+prefix; new sessions and session-less requests go to the server with the fewest requests in flight.
+Connection errors and 5xx answers are retried (on another server when there is one) before an `EngineError`.
+Weight updates call `/update_weights_from_disk` on every server (the SGLang router does not broadcast them).
+Works against real SGLang (GPU) and against `agentrl engine serve` (CPU), which speaks the same format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentrl.inference.base import EngineError, PromptTooLongError
+from agentrl.inference.config import EngineConfig
+from agentrl.inference.wire import generation_from_wire, sampling_params_to_wire
+from agentrl.types import Generation, SamplingParams
+
+_MAX_STICKY_SESSIONS = 100_000
+_RETRYABLE = (httpx.TransportError,)  # connect/read errors, timeouts, protocol errors
+
+
+class SGLangEngine:
+    def __init__(self, urls: list[str], config: EngineConfig | None = None):
+        if not urls:
+            raise ValueError("SGLangEngine needs at least one server URL, e.g. ['http://127.0.0.1:30000']")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.config = config or EngineConfig(backend="sglang", urls=list(self.urls))
+        self.in_flight = [0] * len(self.urls)
+        self._sticky: OrderedDict[str, int] = OrderedDict()
+        self._clients: list[httpx.AsyncClient] | None = None
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+        self._rr = itertools.count()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _http(self) -> list[httpx.AsyncClient]:
+        if self._clients is None:
+            limits = httpx.Limits(max_connections=self.config.max_connections,
+                                  max_keepalive_connections=self.config.max_connections)
+            timeout = httpx.Timeout(self.config.request_timeout_s, connect=10.0)
+            self._clients = [httpx.AsyncClient(base_url=u, limits=limits, timeout=timeout) for u in self.urls]
+        return self._clients
+
+    async def start(self) -> None:
+        """Wait until every server answers /health (engine.health_timeout_s). Called on first use."""
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            await asyncio.gather(*[self._wait_healthy(i) for i in range(len(self.urls))])
+            self._started = True
+
+    async def _wait_healthy(self, i: int) -> None:
+        deadline = time.monotonic() + self.config.health_timeout_s
+        last = ""
+        while True:
+            try:
+                r = await self._http()[i].get("/health", timeout=5.0)
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code}"
+            except httpx.TransportError as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline:
+                raise EngineError(f"SGLang server {self.urls[i]} not healthy after {self.config.health_timeout_s}s "
+                                  f"(last: {last}); is it running? (agentrl engine launch-sglang / engine serve)")
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        if self._clients is not None:
+            await asyncio.gather(*[c.aclose() for c in self._clients])
+            self._clients = None
+        self._started = False
+
+    # ------------------------------------------------------------------ routing
+
+    def _pick(self, session_id: str | None, exclude: set[int]) -> int:
+        if session_id is not None:
+            idx = self._sticky.get(session_id)
+            if idx is not None and idx not in exclude:
+                self._sticky.move_to_end(session_id)
+                return idx
+        candidates = [i for i in range(len(self.urls)) if i not in exclude] or list(range(len(self.urls)))
+        low = min(self.in_flight[i] for i in candidates)
+        tied = [i for i in candidates if self.in_flight[i] == low]
+        idx = tied[next(self._rr) % len(tied)]
+        if session_id is not None:
+            self._sticky[session_id] = idx
+            self._sticky.move_to_end(session_id)
+            while len(self._sticky) > _MAX_STICKY_SESSIONS:
+                self._sticky.popitem(last=False)
+        return idx
+
+    def server_for(self, session_id: str) -> str | None:
+        """The URL an episode is pinned to (None before its first turn)."""
+        idx = self._sticky.get(session_id)
+        return None if idx is None else self.urls[idx]
+
+    # ------------------------------------------------------------------ generate
+
+    async def generate(self, input_ids: list[int], params: SamplingParams, *, session_id: str | None = None,
+                       request_id: str | None = None) -> Generation:
+        await self.start()
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling_params_to_wire(params),
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "top_logprobs_num": 0,
+            "stream": False,
+        }
+        if request_id is not None:
+            body["rid"] = request_id
+        tried: set[int] = set()
+        last_error = ""
+        for attempt in range(self.config.connect_retries + 1):
+            idx = self._pick(session_id, tried)
+            self.in_flight[idx] += 1
+            try:
+                r = await self._http()[idx].post("/generate", json=body)
+            except _RETRYABLE as e:
+                last_error = f"{self.urls[idx]}: {type(e).__name__}: {e}"
+            else:
+                if r.status_code == 200:
+                    return self._parse(r, idx)
+                message = _error_message(r)
+                if r.status_code == 400:
+                    if "context" in message or "max_model_len" in message or "too long" in message:
+                        raise PromptTooLongError(f"{self.urls[idx]}: {message}")
+                    raise ValueError(f"SGLang server {self.urls[idx]} rejected the request: {message}")
+                last_error = f"{self.urls[idx]}: HTTP {r.status_code}: {message}"
+                if r.status_code < 500:
+                    break
+            finally:
+                self.in_flight[idx] -= 1
+            tried.add(idx)
+            if len(tried) >= len(self.urls):
+                tried.clear()
+            await asyncio.sleep(self.config.retry_backoff_s * (2 ** attempt))
+        raise EngineError(f"SGLang generate failed after {self.config.connect_retries + 1} attempts: {last_error}")
+
+    def _parse(self, r: httpx.Response, idx: int) -> Generation:
+        try:
+            gen = generation_from_wire(r.json())
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise EngineError(f"SGLang server {self.urls[idx]} sent an unexpected /generate answer: {e}") from None
+        gen.metrics["server"] = self.urls[idx]
+        return gen
+
+    # ------------------------------------------------------------------ control
+
+    async def _broadcast(self, method: str, path: str, body: dict | None = None,
+                         timeout: float | None = None) -> list[dict]:
+        await self.start()
+
+        async def one(i: int) -> dict:
+            try:
+                r = await self._http()[i].request(method, path, json=body, timeout=timeout or
+                                                  self.config.request_timeout_s)
+            except httpx.TransportError as e:
+                raise EngineError(f"{self.urls[i]}{path}: {type(e).__name__}: {e}") from None
+            data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+            if not isinstance(data, dict):
+                data = {"result": data}
+            if r.status_code != 200 or data.get("success") is False:
+                raise EngineError(f"{self.urls[i]}{path} failed: HTTP {r.status_code}: {_error_message(r)}")
+            return data
+
+        results = await asyncio.gather(*[one(i) for i in range(len(self.urls))], return_exceptions=True)
+        errors = [str(e) for e in results if isinstance(e, BaseException)]
+        if errors:
+            raise EngineError(f"{len(errors)} of {len(self.urls)} servers failed: " + "; ".join(errors))
+        return results
+
+    async def update_weights(self, weights: str | Path, *, abort_in_flight: bool = False,
+                             weight_version: str | None = None, flush_cache: bool = True) -> None:
+        """Load a HF checkpoint directory on every server (`/update_weights_from_disk`).
+
+        SGLang waits for in-flight requests unless `abort_in_flight` (then they finish with "abort").
+        The directory must be readable by every server (shared filesystem on multi-node clusters).
+        """
+        if not isinstance(weights, (str, Path)):
+            raise TypeError("SGLangEngine.update_weights takes a checkpoint directory (str or Path); save the "
+                            "state dict with save_pretrained first")
+        body: dict[str, Any] = {"model_path": str(weights), "abort_all_requests": abort_in_flight,
+                                "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        await self._broadcast("POST", "/update_weights_from_disk", body)
+
+    async def flush_cache(self) -> None:
+        await self._broadcast("POST", "/flush_cache")
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free KV cache and/or weights on every server (needs --enable-memory-saver)."""
+        await self._broadcast("POST", "/release_memory_occupation", {"tags": tags} if tags else {})
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        await self._broadcast("POST", "/resume_memory_occupation", {"tags": tags} if tags else {})
+
+    async def abort(self, request_id: str) -> None:
+        await self._broadcast("POST", "/abort_request", {"rid": request_id})
+
+    async def abort_all(self) -> None:
+        await self._broadcast("POST", "/abort_request", {"abort_all": True})
+
+    async def model_info(self) -> dict:
+        await self.start()
+        for path in ("/get_model_info", "/model_info"):
+            r = await self._http()[0].get(path)
+            if r.status_code == 200:
+                return r.json()
+        raise EngineError(f"{self.urls[0]} answers neither /get_model_info nor /model_info")
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        data = r.json()
+    except ValueError:
+        return r.text[:500]
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if "message" in data:
+            return str(data["message"])
+        if "detail" in data:
+            return str(data["detail"])
+    return str(data)[:500]
+
+
+__all__ = ["SGLangEngine"]
