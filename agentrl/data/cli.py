@@ -13,6 +13,13 @@ from __future__ import annotations
 import argparse
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--n must be >= 1, got {value}")
+    return value
+
+
 def _make(args: argparse.Namespace) -> int:
     from agentrl.data.suites import write_suite
 
@@ -40,7 +47,7 @@ def add_commands(subparsers) -> None:
     make.add_argument("suite", choices=SUITES)
     make.add_argument("out", help="output JSONL path")
     make.add_argument("--split", choices=SPLITS, required=True)
-    make.add_argument("--n", type=int, required=True, help="number of distinct tasks")
+    make.add_argument("--n", type=_count, required=True, help="number of distinct tasks")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--kb", default=None, help="lookup only: where to write the KB (default OUT.kb.jsonl)")
     make.set_defaults(func=_make)
@@ -48,7 +55,7 @@ def add_commands(subparsers) -> None:
     demos = sub.add_parser("demos", help="write N scripted, verified solution transcripts (SFT rows)")
     demos.add_argument("suite", choices=SUITES)
     demos.add_argument("out", help="output JSONL path; the tasks go to OUT.tasks.jsonl")
-    demos.add_argument("--n", type=int, required=True)
+    demos.add_argument("--n", type=_count, required=True)
     demos.add_argument("--seed", type=int, default=0)
     demos.add_argument("--split", choices=SPLITS, default="train")
     demos.add_argument("--kb", default=None, help="lookup only: where to write the KB (default OUT.kb.jsonl)")

@@ -23,6 +23,8 @@ SFT rows: {"messages": [...], "tools": [OpenAI function schemas], "task_id": str
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import subprocess
 import sys
 from decimal import Decimal, InvalidOperation
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from agentrl.data.suites import SUITE_TOOLS, check_suite, default_kb_path, write_suite
 from agentrl.data.suites.common import write_jsonl
+from agentrl.types import Task
 
 PYTHON_RUN_TIMEOUT_S = 10.0
 
@@ -134,11 +137,20 @@ SOLVERS = {"calc": solve_calc, "lookup": solve_lookup, "code": solve_code}
 def suite_of(task: dict) -> str:
     suite = task["data_source"].split("/")[0]
     check_suite(suite)
+    if not task.get("extra"):
+        raise DemoError(f"task {task.get('task_id')!r} has no 'extra' facts: demos need tasks written by "
+                        "agentrl.data.suites (agentrl data make), not arbitrary task files")
     return suite
 
 
-async def solve(task: dict, tools) -> list[dict]:
-    """The verified transcript (OpenAI messages) solving one suite task, tool outputs from `tools`."""
+def _as_row(task: dict | Task) -> dict:
+    return dataclasses.asdict(task) if isinstance(task, Task) else task
+
+
+async def solve(task: dict | Task, tools) -> list[dict]:
+    """The verified transcript (OpenAI messages) solving one suite task (a row or a loaded `Task`), with tool
+    outputs from `tools` (a ToolRegistry)."""
+    task = _as_row(task)
     return await SOLVERS[suite_of(task)](task, tools)
 
 
@@ -161,14 +173,14 @@ def tool_schemas(suite: str) -> list[dict]:
     return [builtin_tool(name).schema() for name in SUITE_TOOLS[suite]]
 
 
-async def make_demos(tasks: list[dict], tools=None, *, sandbox_url: str | None = None) -> list[dict]:
+async def make_demos(tasks: list[dict] | list[Task], tools=None, *, sandbox_url: str | None = None) -> list[dict]:
     """SFT rows for `tasks` (any mix of suites), in task order. `tools`: a started ToolRegistry with the suites'
     tools (default: `demo_tools(sandbox_url)`, closed on return)."""
     own = tools is None
     tools = demo_tools(sandbox_url) if own else tools
     try:
         rows = []
-        for task in tasks:
+        for task in map(_as_row, tasks):
             suite = suite_of(task)
             rows.append({"messages": await solve(task, tools), "tools": tool_schemas(suite),
                          "task_id": task["task_id"], "data_source": task["data_source"]})

@@ -225,5 +225,18 @@ def test_cli_demos_writes_sft_rows_and_their_tasks(tmp_path, capsys):
     assert main(["data", "demos", "calc", "--n", "10", str(demos)]) == 0
     rows = _rows(demos)
     assert len(rows) == 10 and all(r["messages"][-1]["content"].startswith("<answer>") for r in rows)
-    assert len(_rows(tmp_path / "sft.tasks.jsonl")) == 10
     assert "wrote 10 calc/train demonstrations" in capsys.readouterr().out
+    # The tasks file beside the demos loads as Tasks, and solving the loaded Tasks gives the same transcripts.
+    from agentrl.data.tasks import load_tasks
+
+    tasks = load_tasks(tmp_path / "sft.tasks.jsonl")
+    assert [r["messages"] for r in asyncio.run(make_demos(tasks))] == [r["messages"] for r in rows]
+
+
+def test_a_demo_that_disagrees_with_the_ground_truth_is_refused():
+    from agentrl.data.suites.demos import DemoError
+
+    task = _tasks("calc", "train", n=1)[0]
+    task["reward"]["ground_truth"] = str(int(task["reward"]["ground_truth"]) + 1)
+    with pytest.raises(DemoError, match="calculator"):
+        asyncio.run(make_demos([task]))
