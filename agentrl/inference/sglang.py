@@ -28,7 +28,9 @@ _RETRYABLE = (httpx.TransportError,)  # connect/read errors, timeouts, protocol 
 
 
 class SGLangEngine:
-    def __init__(self, urls: list[str], config: EngineConfig | None = None):
+    def __init__(self, urls: list[str], config: EngineConfig | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        """`transport` replaces the network (e.g. `httpx.MockTransport` in tests of routing and retries)."""
         if not urls:
             raise ValueError("SGLangEngine needs at least one server URL, e.g. ['http://127.0.0.1:30000']")
         self.urls = [u.rstrip("/") for u in urls]
@@ -39,6 +41,7 @@ class SGLangEngine:
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self._rr = itertools.count()
+        self._transport = transport
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -47,7 +50,8 @@ class SGLangEngine:
             limits = httpx.Limits(max_connections=self.config.max_connections,
                                   max_keepalive_connections=self.config.max_connections)
             timeout = httpx.Timeout(self.config.request_timeout_s, connect=10.0)
-            self._clients = [httpx.AsyncClient(base_url=u, limits=limits, timeout=timeout) for u in self.urls]
+            self._clients = [httpx.AsyncClient(base_url=u, limits=limits, timeout=timeout, transport=self._transport)
+                             for u in self.urls]
         return self._clients
 
     async def start(self) -> None:

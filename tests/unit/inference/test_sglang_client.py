@@ -1,0 +1,141 @@
+"""SGLangEngine against scripted SGLang servers (httpx.MockTransport): wire format, routing, retries, control."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from agentrl.inference import EngineConfig, EngineError, PromptTooLongError
+from agentrl.inference.launcher import SGLangLaunchSpec, sglang_server_commands
+from agentrl.inference.sglang import SGLangEngine
+from agentrl.types import SamplingParams
+
+URLS = ["http://s0:30000", "http://s1:30001"]
+
+
+class FakeServers:
+    """Answers like SGLang 0.5: echoes max_new_tokens ids with logprobs; records every request."""
+
+    def __init__(self, down: set[str] = frozenset(), delay: float = 0.0):
+        self.down = set(down)
+        self.delay = delay
+        self.calls: list[tuple[str, str, dict]] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        body = json.loads(request.content) if request.content else {}
+        self.calls.append((host, request.url.path, body))
+        if host in self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/health":
+            return httpx.Response(200, json={})
+        if request.url.path == "/generate":
+            await asyncio.sleep(self.delay)
+            if len(body["input_ids"]) > 100:
+                return httpx.Response(400, json={"error": {"message": "The input (101 tokens) is longer than the "
+                                                           "model's context length (100 tokens)."}})
+            n = body["sampling_params"]["max_new_tokens"]
+            ids = list(range(7, 7 + n))
+            meta = {"id": "x", "finish_reason": {"type": "stop", "matched": ids[-1]}, "prompt_tokens": 3,
+                    "completion_tokens": n, "cached_tokens": 2, "e2e_latency": 0.01, "weight_version": "v1",
+                    "output_token_logprobs": [[-0.5, t, None] for t in ids]}
+            return httpx.Response(200, json={"text": "", "output_ids": ids, "meta_info": meta})
+        if request.url.path == "/update_weights_from_disk":
+            ok = body["model_path"] != "/bad"
+            return httpx.Response(200 if ok else 400, json={"success": ok, "message": "no such dir" if not ok else ""})
+        return httpx.Response(200, json={"success": True})
+
+
+def _engine(fake: FakeServers, retries: int = 2) -> SGLangEngine:
+    cfg = EngineConfig(backend="sglang", urls=URLS, connect_retries=retries, retry_backoff_s=0.0,
+                       health_timeout_s=1.0)
+    return SGLangEngine(URLS, cfg, transport=httpx.MockTransport(fake))
+
+
+async def test_request_sends_every_sampling_value_and_parses_logprobs():
+    fake = FakeServers()
+    eng = _engine(fake)
+    g = await eng.generate([1, 2, 3], SamplingParams(max_new_tokens=4, temperature=0.7, top_p=0.9, top_k=20,
+                                                     stop=["</answer>"], stop_token_ids=[5], seed=11))
+    await eng.close()
+    assert g.token_ids == [7, 8, 9, 10] and g.logprobs == [-0.5] * 4 and g.finish_reason == "stop"
+    assert g.metrics["weight_version"] == "v1" and g.metrics["cached_tokens"] == 2
+    body = next(b for _, path, b in fake.calls if path == "/generate")
+    sp = body["sampling_params"]
+    assert body["input_ids"] == [1, 2, 3] and body["return_logprob"] is True and body["logprob_start_len"] == -1
+    assert sp == {"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.0,
+                  "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                  "min_new_tokens": 0, "ignore_eos": False, "stop": ["</answer>"], "stop_token_ids": [5],
+                  "skip_special_tokens": False, "no_stop_trim": True, "n": 1, "sampling_seed": 11}
+
+
+async def test_sessions_stick_and_new_sessions_go_to_least_loaded():
+    fake = FakeServers(delay=0.05)
+    eng = _engine(fake)
+    sp = SamplingParams(max_new_tokens=2)
+    # two concurrent episodes land on different servers, then each episode's later turns stay put
+    await asyncio.gather(eng.generate([1], sp, session_id="ep-a"), eng.generate([1], sp, session_id="ep-b"))
+    a, b = eng.server_for("ep-a"), eng.server_for("ep-b")
+    assert {a, b} == set(URLS)
+    fake.calls.clear()
+    await asyncio.gather(*[eng.generate([1, 2], sp, session_id="ep-a") for _ in range(3)])
+    assert {host for host, path, _ in fake.calls if path == "/generate"} == {a}
+    await eng.close()
+
+
+async def test_connection_errors_retry_on_another_server_then_fail_clearly():
+    fake = FakeServers()
+    eng = _engine(fake)
+    await eng.start()
+    fake.down = {URLS[0]}
+    for i in range(4):
+        g = await eng.generate([1], SamplingParams(max_new_tokens=1), session_id=f"s{i}")
+        assert g.metrics["server"] == URLS[1]
+    fake.down = set(URLS)
+    with pytest.raises(EngineError, match="after 3 attempts"):
+        await eng.generate([1], SamplingParams(max_new_tokens=1))
+    await eng.close()
+
+
+async def test_prompt_too_long_and_unhealthy_servers():
+    eng = _engine(FakeServers())
+    with pytest.raises(PromptTooLongError, match="context length"):
+        await eng.generate(list(range(101)), SamplingParams(max_new_tokens=1))
+    await eng.close()
+    dead = _engine(FakeServers(down={URLS[1]}))
+    with pytest.raises(EngineError, match="not healthy"):
+        await dead.generate([1], SamplingParams(max_new_tokens=1))
+    await dead.close()
+
+
+async def test_update_weights_goes_to_every_server():
+    fake = FakeServers()
+    eng = _engine(fake)
+    await eng.update_weights("/ckpt/step-3", weight_version="3")
+    calls = [(h, b) for h, path, b in fake.calls if path == "/update_weights_from_disk"]
+    assert sorted(h for h, _ in calls) == URLS
+    assert all(b == {"model_path": "/ckpt/step-3", "abort_all_requests": False, "flush_cache": True,
+                     "weight_version": "3"} for _, b in calls)
+    with pytest.raises(EngineError, match="no such dir"):
+        await eng.update_weights("/bad")
+    with pytest.raises(TypeError, match="checkpoint directory"):
+        await eng.update_weights({"w": 1})
+    await eng.close()
+
+
+def test_launcher_command_lines_spread_gpus():
+    spec = SGLangLaunchSpec(model_path="/models/qwen", num_servers=2, tp=2, base_port=31000,
+                            mem_fraction_static=0.6, context_length=8192, extra_args=["--log-level", "warning"])
+    (env0, cmd0), (env1, cmd1) = sglang_server_commands(spec)
+    assert env0 == {"CUDA_VISIBLE_DEVICES": "0,1"} and env1 == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert cmd0[1:3] == ["-m", "sglang.launch_server"]
+    joined = " ".join(cmd1)
+    for flag in ("--model-path /models/qwen", "--port 31001", "--tp-size 2", "--mem-fraction-static 0.6",
+                 "--context-length 8192", "--enable-memory-saver", "--host 127.0.0.1", "--log-level warning"):
+        assert flag in joined
+    assert spec.urls == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
+    with pytest.raises(ValueError, match="need 4 GPUs"):
+        SGLangLaunchSpec(model_path="m", num_servers=2, tp=2, gpus=[0, 1])
