@@ -154,7 +154,8 @@ class PolicyWorker:
         out = []
         for mb in micro_batches:
             logp, ent = self._forward(module, mb, temperature, with_entropy)
-            out.append((logp.float().cpu(), None if ent is None else ent.float().cpu()))
+            real = (torch.arange(logp.shape[1]) < mb["seq_lens"][:, None]).float()  # padding reads as 0
+            out.append((logp.float().cpu() * real, None if ent is None else ent.float().cpu() * real))
         return out
 
     # ----------------------------------------------------------------------------------------------- losses
@@ -284,7 +285,11 @@ class PolicyWorker:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return sd if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        if self.device.type == "cpu":  # on CPU the gathered tensors may alias the live parameters: snapshot them
+            sd = {name: tensor.clone() for name, tensor in sd.items()}
+        return sd
 
     def save_checkpoint(self, path: str) -> None:
         """Sharded model + optimizer (torch.distributed.checkpoint) and this rank's scheduler and RNG states."""
