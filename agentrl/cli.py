@@ -18,6 +18,7 @@ COMMAND_MODULES: list[str] = [
     "agentrl.data.cli",
     "agentrl.tools.cli",
     "sandbox.cli",
+    "agentrl.trainer.cli",
 ]
 
 # `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).
