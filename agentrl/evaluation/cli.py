@@ -1,0 +1,244 @@
+"""`agentrl eval`: held-out evaluation of a model on a suite, optionally side by side with a second model.
+
+    agentrl eval --model runs/small --suite calc --n 4                       # 200 generated held-out tasks
+    agentrl eval --model runs/small --suite data/my-tasks.jsonl --out runs/eval-small
+    agentrl eval --model runs/after-grpo --suite calc --compare runs/after-sft          # a model or an eval dir
+    agentrl eval --model runs/eval-a --compare runs/eval-b                   # two finished evaluations, no rollout
+
+Tools: by default the suite's built-in tools (calculator, lookup) run inside the eval process, the same code a
+tool service runs, without sockets. `--serve-tools` starts them as a real HTTP tool service (`agentrl tools
+serve` on a free loopback port) for the length of the run, so tool calls go over HTTP exactly as in training;
+`--tools-config FILE` uses services you run yourself (required for the code suite's `python` tool, together with
+`--sandbox-url` for its unit-test reward). Engine, agent-loop budgets, rewards and tools can also come from a
+training config (`--config`, same keys, plus `-o key=value` overrides), so a model is evaluated under the
+budgets it was trained with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+
+def _is_eval_dir(path: Path) -> bool:
+    return (path / "eval.json").is_file() and not (path / "config.json").is_file()
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_builtin_tools(names: list[str], *, startup_timeout_s: float = 60.0) -> Iterator[str]:
+    """Run the built-in tools `names` as an HTTP tool service in a child process; yields its base URL.
+
+    The child is `agentrl tools serve` in its own process group on a free loopback port; the whole group is
+    terminated on exit (killed if it does not stop within 10 s).
+    """
+    import httpx
+
+    from agentrl.tools.builtin import BUILTIN
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "agentrl.cli", "tools", "serve", *(BUILTIN[n] for n in names),
+           "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                raise RuntimeError(f"the tool service ({' '.join(cmd)}) exited with code {proc.returncode} before "
+                                   f"answering:\n{output[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the tool service on {url} did not answer /health within {startup_timeout_s}s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def _load_config(args: argparse.Namespace):
+    from agentrl.config import load_config
+    from agentrl.trainer.config import TrainConfig
+
+    cfg = load_config(TrainConfig, args.config, args.override)
+    if args.sandbox_url:
+        cfg.reward.sandbox_url = args.sandbox_url
+    return cfg
+
+
+def _tool_names(tasks) -> list[str]:
+    return sorted({name for task in tasks for name in (task.tools or [])})
+
+
+@contextlib.contextmanager
+def _tools(args: argparse.Namespace, cfg, tasks) -> Iterator[object]:
+    """The ToolRegistry for the run (None: `evaluate` builds the in-process built-ins itself)."""
+    from agentrl.evaluation.run import IN_PROCESS_TOOLS
+    from agentrl.tools.client import ToolRegistry
+    from agentrl.tools.config import ServiceConfig, ToolsConfig
+
+    configured = cfg.tools.config or cfg.tools.services or cfg.tools.builtin or cfg.tools.functions
+    if args.tools_config:
+        yield ToolRegistry.from_config(args.tools_config)
+    elif configured:
+        yield ToolRegistry.from_tools_config(cfg.tools)
+    elif args.serve_tools:
+        names = _tool_names(tasks)
+        remote = [n for n in names if n not in IN_PROCESS_TOOLS]
+        if remote:
+            raise SystemExit(f"--serve-tools starts the built-ins {list(IN_PROCESS_TOOLS)} only; the tasks also use "
+                             f"{remote}: run their services and pass --tools-config FILE")
+        with serve_builtin_tools(names) as url:
+            print(f"tool service for {', '.join(names)} on {url}", file=sys.stderr, flush=True)
+            yield ToolRegistry.from_tools_config(ToolsConfig(services=[ServiceConfig(url=url, name="eval-tools")]))
+    else:
+        yield None
+
+
+def _evaluate_model(args: argparse.Namespace, cfg, tasks, model: Path, out: Path, name: str | None) -> dict:
+    import asyncio
+
+    from agentrl.evaluation.run import evaluate, load_eval
+
+    async def run(registry) -> None:
+        try:
+            await evaluate(model, tasks, n=args.n, ks=args.k, temperature=args.temperature, top_p=cfg.rollout.top_p,
+                           top_k=cfg.rollout.top_k, seed=args.seed, engine_config=cfg.engine, agent_config=cfg.agent,
+                           reward_config=cfg.reward, tools=registry,
+                           max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
+                           success_threshold=args.success_threshold, run_dir=out, name=name,
+                           tasks_source=_tasks_source(args))
+        finally:
+            if registry is not None:
+                await registry.aclose()
+
+    print(f"evaluating {model} on {len(tasks)} tasks x {args.n} samples -> {out}", file=sys.stderr, flush=True)
+    with _tools(args, cfg, tasks) as registry:
+        asyncio.run(run(registry))
+    return load_eval(out)
+
+
+def _tasks_source(args: argparse.Namespace) -> str:
+    if Path(args.suite).suffix in (".jsonl", ".json", ".parquet") or Path(args.suite).is_file():
+        return args.suite
+    return f"suite {args.suite}, split {args.split}, {args.num_tasks} tasks per suite, seed {args.suite_seed}"
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from agentrl.evaluation.run import EVAL_MD, compare_markdown, load_eval, model_label, suite_tasks
+
+    model = Path(args.model)
+    compare = Path(args.compare) if args.compare else None
+    for what, path in (("--model", model), ("--compare", compare)):
+        if path is not None and not (_is_model_dir(path) or _is_eval_dir(path)):
+            raise SystemExit(f"{what} {path}: neither a model directory (config.json) nor a finished evaluation "
+                             f"(eval.json); build a model with `agentrl init-model` or run `agentrl eval` first")
+    if _is_eval_dir(model) and compare is None:
+        raise SystemExit(f"--model {model} is a finished evaluation: add --compare RUN_DIR_OR_MODEL, or pass a model")
+    needs_rollout = _is_model_dir(model) or (compare is not None and _is_model_dir(compare))
+    if needs_rollout and not args.suite:
+        raise SystemExit("--suite NAME|FILE.jsonl is required to evaluate a model (e.g. --suite calc)")
+
+    name = args.name or model_label(model)
+    out = Path(args.out) if args.out else (model if _is_eval_dir(model) else Path("runs") / f"eval-{name}")
+    compare_label = args.compare_name or (model_label(compare) if compare is not None else "")
+    compare_out = out / f"compare-{compare_label.replace('/', '-')}"
+    cfg = _load_config(args) if needs_rollout else None
+    # generated tasks are written beside the first model's results (never into a finished evaluation's dir)
+    tasks = suite_tasks(args.suite, split=args.split, num_tasks=args.num_tasks, seed=args.suite_seed,
+                        out_dir=out if _is_model_dir(model) else compare_out) if needs_rollout else None
+
+    first = _evaluate_model(args, cfg, tasks, model, out, args.name) if _is_model_dir(model) else load_eval(model)
+    if args.name:
+        first["name"] = args.name
+    if compare is None:
+        print((out / EVAL_MD).read_text())
+        print(f"wrote {out / 'eval.json'} and {out / EVAL_MD}", file=sys.stderr)
+        return 0
+    if _is_model_dir(compare):
+        second = _evaluate_model(args, cfg, tasks, compare, compare_out, args.compare_name)
+    else:
+        second = load_eval(compare)
+    if args.compare_name:
+        second["name"] = args.compare_name
+    report = compare_markdown([first, second])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(report)
+    print(report)
+    print(f"wrote {out / 'compare.md'}", file=sys.stderr)
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_commands(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="evaluate a model on held-out tasks (pass@k, tool use, errors); "
+                                           "compare two models")
+    p.add_argument("--model", required=True,
+                   help="HF model directory, or a finished evaluation directory (with --compare)")
+    p.add_argument("--suite", default=None,
+                   help="suite name(s) generated in code (calc, lookup, code; comma-separated) or a task file "
+                        "(.jsonl/.parquet)")
+    p.add_argument("--split", default="heldout", choices=("heldout", "train"), help="split of generated suites")
+    p.add_argument("--num-tasks", type=_positive_int, default=200, help="tasks per generated suite")
+    p.add_argument("--suite-seed", type=int, default=0, help="seed of generated suites")
+    p.add_argument("--n", type=_positive_int, default=1, help="samples per task")
+    p.add_argument("--k", type=_positive_int, nargs="+", default=None,
+                   help="pass@k values (default: 1, powers of two below n, n)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: 0 = greedy for n=1, 1.0 for n>1)")
+    p.add_argument("--seed", type=int, default=0, help="base sampling seed")
+    p.add_argument("--success-threshold", type=float, default=1.0, help="reward at which an episode counts as solved")
+    p.add_argument("--config", default=None,
+                   help="a training config YAML: its engine, agent, reward, tools and rollout.top_p/top_k/"
+                        "max_concurrent_episodes are used")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted config override, e.g. -o agent.max_assistant_turns=4 -o engine.max_batch_size=64")
+    tools = p.add_mutually_exclusive_group()
+    tools.add_argument("--tools-config", default=None, help="tools YAML of running tool services (HTTP/MCP)")
+    tools.add_argument("--serve-tools", action="store_true",
+                       help="serve the suite's built-in tools over HTTP in a child process during the run")
+    p.add_argument("--sandbox-url", default=None, help="sandbox for unit-test rewards (code suite)")
+    p.add_argument("--out", default=None, help="run directory (default runs/eval-NAME)")
+    p.add_argument("--name", default=None, help="column name of this model (default: its directory name)")
+    p.add_argument("--compare", default=None, metavar="RUN_DIR_OR_MODEL",
+                   help="a second model (evaluated with the same tasks and settings) or a finished evaluation; "
+                        "writes compare.md with both side by side")
+    p.add_argument("--compare-name", default=None, help="column name of the compared model")
+    p.set_defaults(func=_eval)
