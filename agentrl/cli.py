@@ -17,6 +17,7 @@ COMMAND_MODULES: list[str] = [
     "agentrl.inference.cli",
     "agentrl.data.cli",
     "agentrl.tools.cli",
+    "agentrl.evaluation.cli",
     "sandbox.cli",
     "agentrl.trainer.cli",
 ]
