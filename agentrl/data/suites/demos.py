@@ -124,7 +124,7 @@ async def solve_code(task: dict, tools) -> list[dict]:
             output = await _call(tools, "python", {"code": probe}, session, task)
     else:
         output = await asyncio.to_thread(run_python_locally, probe)
-    if repr(extra["expected"]) not in output:
+    if output.strip() != str(extra["expected"]):
         raise DemoError(f"task {task['task_id']}: the reference solution printed {output[:300]!r} on the example, "
                         f"expected {extra['expected']!r}")
     return [*task["prompt"], _call_message("python", {"code": probe}), _tool_message("python", output),

@@ -90,7 +90,8 @@ def make_kb(split: str, n: int, seed: int = 0) -> KnowledgeBase:
     countries = _names(rng, 12, split, lambda r: _word(r, 2) + "ia", taken)
     cities = _names(rng, n_cities, split, lambda r: _word(r, 3), taken)
     people = _names(rng, n_people, split, lambda r: f"{_word(r, 2)} {_word(r, r.choice((2, 3)))}", taken)
-    companies = _names(rng, n_companies, split, lambda r: f"{_word(r, 2)} {r.choice(COMPANY_SUFFIXES)}", taken)
+    companies = _names(rng, n_companies, split,
+                       lambda r: f"{_word(r, r.choice((2, 3)))} {r.choice(COMPANY_SUFFIXES)}", taken)
     facts: dict[str, dict[str, str]] = {}
     for city in cities:
         facts[city] = {"country": rng.choice(countries)}
