@@ -150,11 +150,10 @@ class ToolRegistry:
 
     @classmethod
     def from_tools_config(cls, cfg: ToolsConfig) -> "ToolRegistry":
-        import httpx
-
         from agentrl.config import import_object
         from agentrl.tools.builtin import builtin_tools
         from agentrl.tools.remote import HTTPToolService
+        from agentrl.tools.transport import make_client
 
         cfg = resolve_tools_config(cfg)
         backends: list[Any] = []
@@ -168,9 +167,7 @@ class ToolRegistry:
                                    f"(builtin/functions) to use them; a tool service takes its defaults itself")
         client = None
         if any(s.kind == "http" for s in cfg.services):
-            client = httpx.AsyncClient(limits=httpx.Limits(max_connections=cfg.max_concurrency + 16,
-                                                           max_keepalive_connections=cfg.max_concurrency + 16),
-                                       trust_env=False)
+            client = make_client(cfg.max_concurrency)
         for service in cfg.services:
             if service.kind == "http":
                 backends.append(HTTPToolService(service, client))

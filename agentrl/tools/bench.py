@@ -1,0 +1,124 @@
+"""Tool registry throughput: N calls to a tool with fixed latency at bounded concurrency, against the ideal.
+
+Starts a real tool service (`agentrl tools serve agentrl.tools.bench:delay`) in a subprocess on loopback, sends
+`--calls` calls through a `ToolRegistry` limited to `--concurrency` in flight, and prints achieved calls/s
+against the ideal concurrency / latency, plus the per-call overhead (registry + HTTP + service) above the
+tool's own latency. The in-process registry runs the same load as a reference in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from agentrl.tools.base import tool
+
+
+@tool
+async def delay(ms: float = 50.0) -> str:
+    """Wait `ms` milliseconds, then answer "ok" (a stand-in for a tool with fixed latency).
+
+    Args:
+        ms: How long to wait, in milliseconds.
+    """
+    await asyncio.sleep(ms / 1000)
+    return "ok"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--url", default=None, help="use a running service that serves `delay` instead of starting one")
+    parser.add_argument("--port", type=int, default=0, help="port for the service this bench starts (0: any free)")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def _load(registry, calls: int, latency_ms: float, concurrency: int) -> tuple[float, list[float], int]:
+    await registry.start()
+    await asyncio.gather(*(registry.call("delay", {"ms": latency_ms}) for _ in range(min(calls, 64))))  # warm up
+    remaining = calls
+    results = []
+
+    async def worker() -> None:  # closed loop: each worker keeps one call in flight, so latency has no queueing
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            results.append(await registry.call("delay", {"ms": latency_ms}))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    errors = sum(r.is_error for r in results)
+    return wall, [r.latency_s - latency_ms / 1000 for r in results], errors
+
+
+def _report(label: str, wall: float, overheads: list[float], errors: int, calls: int, ideal: float) -> float:
+    rate = calls / wall
+    print(f"{label:<12} {rate:8.0f} calls/s   ideal {ideal:6.0f}   ratio {rate / ideal:5.2f}   "
+          f"overhead p50 {1000 * _percentile(overheads, 0.5):6.2f} ms  p99 {1000 * _percentile(overheads, 0.99):6.2f} ms"
+          f"   errors {errors}")
+    return rate / ideal
+
+
+def _start_service(port: int) -> tuple[subprocess.Popen, str]:
+    from agentrl.tools.service import _free_port
+
+    port = port or _free_port("127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "tools", "serve", "agentrl.tools.bench:delay",
+                             "--port", str(port)], start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the bench tool service exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"the bench tool service did not answer on {url} within 60s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrl.tools.client import ToolRegistry
+
+    ideal = args.concurrency / (args.latency_ms / 1000)
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url = _start_service(args.port)
+    try:
+        async def main() -> float:
+            remote = ToolRegistry.from_config({"max_concurrency": args.concurrency,
+                                               "services": [{"url": url, "max_concurrency": args.concurrency,
+                                                             "tools": ["delay"]}]})
+            local = ToolRegistry.from_functions([delay], max_concurrency=args.concurrency)
+            print(f"{args.calls} calls, {args.latency_ms:g} ms tool latency, concurrency {args.concurrency}")
+            try:
+                ratio = _report("http", *await _load(remote, args.calls, args.latency_ms, args.concurrency), args.calls, ideal)
+                _report("in-process", *await _load(local, args.calls, args.latency_ms, args.concurrency), args.calls, ideal)
+            finally:
+                await remote.aclose()
+                await local.aclose()
+            return ratio
+
+        ratio = asyncio.run(main())
+    finally:
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=10)
+    print(f"target: http ratio >= 0.80 -> {'met' if ratio >= 0.8 else 'NOT met'}")
+    return 0
