@@ -233,6 +233,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
                               seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
         engine = make_engine(cfg.engine, cfg.model.path)
         tools = ToolRegistry.from_tools_config(cfg.tools)
+        await tools.start()  # discover remote tool schemas now: a missing service fails before any rollout
         rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout, cfg.reward, run_dir=run_dir)
         val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, dataclasses.replace(
             cfg.rollout, n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False),
