@@ -1,0 +1,55 @@
+"""The `python` built-in against a real sandbox service: one interpreter per episode, released on exit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import httpx
+import pytest
+
+from agentrl.tools import ToolRegistry
+from agentrl.tools.builtin.python import python
+from helpers import free_port, service
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sandbox_url():
+    if not sys.platform.startswith("linux") or shutil.which("bwrap") is None or os.geteuid() != 0:
+        pytest.skip("the sandbox's bwrap backend needs Linux, bubblewrap and root")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["python", "-m", "sandbox", "serve", "--port", str(port), "--set", "max_sessions=4",
+            "--set", "default_memory_mb=256"]
+    with service(args, f"{url}/v1/ping"):
+        yield url
+
+
+def live_sessions(url: str) -> int:
+    return httpx.get(f"{url}/health", timeout=30).json()["live_sessions"]
+
+
+async def test_python_state_persists_per_episode_and_is_released(sandbox_url):
+    reg = ToolRegistry.from_functions([python], tools_kwargs={"python": {"sandbox_url": sandbox_url,
+                                                                         "cell_timeout_s": 5}})
+    try:
+        async with reg.episode_session() as a, reg.episode_session() as b:
+            assert (await reg.call("python", {"code": "x = 40"}, session=a)).content == "(no output)"
+            assert (await reg.call("python", {"code": "print(x + 2)"}, session=a)).content == "42"
+            other = await reg.call("python", {"code": "print(x)"}, session=b)
+            assert not other.is_error and "NameError" in other.content  # the model's bug: an observation
+            assert live_sessions(sandbox_url) == 2
+        assert live_sessions(sandbox_url) == 0
+    finally:
+        await reg.aclose()
+
+
+async def test_sandbox_down_is_an_infra_error():
+    dead = f"http://127.0.0.1:{free_port()}"
+    reg = ToolRegistry.from_functions([python], tools_kwargs={"python": {"sandbox_url": dead}})
+    async with reg.episode_session() as s:
+        result = await reg.call("python", {"code": "print(1)"}, session=s)
+    assert result.infra_error and result.error_kind == "unreachable", result
