@@ -169,3 +169,16 @@ async def test_service_killed_mid_run_then_restarted():
         assert not recovered.is_error and recovered.content.startswith("2 x y")
     finally:
         await reg.aclose()
+
+
+def test_cli_tools_list_discovers_a_config(toolbox_url, tmp_path, capsys):
+    from agentrl.cli import main
+
+    config = tmp_path / "tools.yaml"
+    config.write_text(f"services:\n  - url: {toolbox_url}\n    name: toolbox\n    tools: [describe, count]\n"
+                      f"builtin: [calculator]\n")
+    assert main(["tools", "list", "--config", str(config), "--json"]) == 0
+    rows = [__import__("json").loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["tool"], r["service"]) for r in rows] == [("calculator", "local"), ("describe", "toolbox"),
+                                                        ("count", "toolbox")]
+    assert rows[1]["description"] == "Describe a thing."
