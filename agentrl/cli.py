@@ -25,6 +25,8 @@ COMMAND_MODULES: list[str] = [
 # `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).
 BENCH_MODULES: dict[str, str] = {
     "tools": "agentrl.tools.bench",
+    "engine": "agentrl.inference.bench",
+    "rollout": "agentrl.agent_loop.bench",
 }
 
 

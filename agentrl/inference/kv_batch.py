@@ -1,70 +1,112 @@
-"""A left-padded, per-row KV cache for continuous batching on top of transformers' `DynamicCache`.
+"""A left-padded, per-row KV cache for continuous batching, plugged into transformers as a `DynamicCache`.
 
-Rows are right-aligned: row i owns the last `lengths[i]` columns of every layer's key/value tensor
-[rows, kv_heads, L, head_dim] with `L = max(lengths)`; the columns before are zeros and masked out by the 2D
-attention mask. A row joins by being padded to the common length and concatenated along the batch axis; finished
-rows leave by index selection, after which columns that no remaining row uses are trimmed. Pad columns are
-zeros (never the output of a fully masked attention row), so they cannot leak NaNs into real rows.
+Rows are right-aligned: row i owns the last `lengths[i]` of the `width` used columns of every layer's buffer
+[rows, kv_heads, capacity, head_dim]; the columns before are zeros and masked out by the 2D attention mask.
+Each decode step writes one column in place (no per-step concatenation of the whole cache, which is what
+`DynamicLayer` does and what dominates decode time on CPU); the buffer grows by a quarter when full.
+A row joins by being copied into a new buffer at the common width; finished rows leave the same way, and
+columns that no remaining row uses are dropped. Pad columns are zeros (never the output of a fully masked
+attention row), so they cannot leak NaNs into real rows.
 
-Memory is bounded by `rows * L` <= `max_batch_size * max_model_len` token slots.
+Memory is bounded by `rows * capacity` <= `max_batch_size * max_model_len` token slots.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
-def _layers(cache: DynamicCache) -> list[DynamicLayer]:
-    layers = cache.layers
-    for layer in layers:
-        if type(layer) is not DynamicLayer:
+class _SlotLayer(DynamicLayer):
+    """One layer's K/V for the decode batch: a preallocated buffer, `keys`/`values` are views of its used part."""
+
+    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, width: int, max_capacity: int):
+        super().__init__()
+        self.k_buf, self.v_buf, self.width, self.max_capacity = k_buf, v_buf, width, max_capacity
+        self.device = k_buf.device
+        self.is_initialized = True
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.keys = self.k_buf[:, :, :self.width]
+        self.values = self.v_buf[:, :, :self.width]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        q = key_states.shape[-2]
+        if self.width + q > self.k_buf.shape[2]:
+            cap = min(max(self.width + q, self.k_buf.shape[2] + max(32, self.k_buf.shape[2] // 4)), self.max_capacity)
+            if cap < self.width + q:
+                raise RuntimeError(f"KV cache width {self.width + q} exceeds max_model_len {self.max_capacity}")
+            self.k_buf, self.v_buf = _grow(self.k_buf, self.width, cap), _grow(self.v_buf, self.width, cap)
+        self.k_buf[:, :, self.width:self.width + q] = key_states
+        self.v_buf[:, :, self.width:self.width + q] = value_states
+        self.width += q
+        self._refresh()
+        return self.keys, self.values
+
+
+def _grow(buf: torch.Tensor, width: int, capacity: int) -> torch.Tensor:
+    out = buf.new_zeros(buf.shape[0], buf.shape[1], capacity, buf.shape[3])
+    out[:, :, :width] = buf[:, :, :width]
+    return out
+
+
+def _check_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    for layer in cache.layers:
+        if not isinstance(layer, DynamicLayer) or getattr(layer, "is_sliding", False):
             raise TypeError(f"the local engine supports full-attention KV layers only; this model uses "
                             f"{type(layer).__name__} (sliding-window or indexed attention): serve it with SGLang")
-    return layers
-
-
-def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
-    return F.pad(t, (0, 0, n, 0)) if n > 0 else t
+    return cache.layers
 
 
 class PaddedKVBatch:
     """The KV cache of the running decode batch plus each row's valid length."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_width: int, headroom: int = 64):
+        self.max_width = max_width  # max_model_len: no row is ever longer
+        self.headroom = headroom  # spare columns allocated when the batch is rebuilt
         self.cache: DynamicCache | None = None
         self.lengths: list[int] = []
 
     @property
     def width(self) -> int:
-        """L: columns per layer (the longest row)."""
+        """Columns in use per layer (the longest row)."""
         return max(self.lengths, default=0)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def _capacity(self, width: int) -> int:
+        return min(width + self.headroom, self.max_width)
+
     def add(self, row_caches: list[DynamicCache], row_lengths: list[int]) -> None:
         """Append rows whose caches come from single-row prefills (no padding inside them)."""
         if not row_caches:
             return
-        width = max([self.width, *row_lengths])
-        parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        if self.cache is not None and self.lengths:
-            pad = width - self.width
-            parts.append([(_pad_left(l.keys, pad), _pad_left(l.values, pad)) for l in _layers(self.cache)])
-        for c, n in zip(row_caches, row_lengths):
-            parts.append([(_pad_left(l.keys, width - n), _pad_left(l.values, width - n)) for l in _layers(c)])
-        base = row_caches[0] if self.cache is None or not self.lengths else self.cache
-        for li, layer in enumerate(_layers(base)):
-            layer.keys = torch.cat([p[li][0] for p in parts], dim=0)
-            layer.values = torch.cat([p[li][1] for p in parts], dim=0)
-        self.cache = base
-        self.lengths = [*self.lengths, *row_lengths]
+        old_rows, old_width = len(self.lengths), self.width
+        lengths = [*self.lengths, *row_lengths]
+        width = max(lengths)
+        cap = self._capacity(width)
+        new_layers = []
+        row_layer_lists = [_check_layers(c) for c in row_caches]
+        old_layers = self.cache.layers if self.cache is not None and old_rows else None
+        for li, proto in enumerate(row_layer_lists[0]):
+            b, h, _, d = proto.keys.shape
+            k_buf = proto.keys.new_zeros(len(lengths), h, cap, d)
+            v_buf = proto.values.new_zeros(len(lengths), h, cap, d)
+            if old_layers is not None:
+                k_buf[:old_rows, :, width - old_width:width] = old_layers[li].keys
+                v_buf[:old_rows, :, width - old_width:width] = old_layers[li].values
+            for j, (layers, n) in enumerate(zip(row_layer_lists, row_lengths)):
+                k_buf[old_rows + j, :, width - n:width] = layers[li].keys[0]
+                v_buf[old_rows + j, :, width - n:width] = layers[li].values[0]
+            new_layers.append(_SlotLayer(k_buf, v_buf, width, self.max_width))
+        self._install(new_layers)
+        self.lengths = lengths
 
     def keep(self, rows: list[int]) -> None:
-        """Keep only `rows` (in that order) and trim columns no remaining row uses."""
+        """Keep only `rows` (in that order) and drop columns no remaining row uses."""
         if len(rows) == len(self.lengths):
             return
         if not rows:
@@ -72,11 +114,23 @@ class PaddedKVBatch:
             return
         old_width = self.width
         self.lengths = [self.lengths[i] for i in rows]
-        start = old_width - self.width
-        index = torch.tensor(rows, dtype=torch.long)
-        for layer in _layers(self.cache):
-            layer.keys = layer.keys.index_select(0, index)[:, :, start:, :].contiguous()
-            layer.values = layer.values.index_select(0, index)[:, :, start:, :].contiguous()
+        width = self.width
+        cap = self._capacity(width)
+        new_layers = []
+        for layer in self.cache.layers:
+            k_buf = layer.k_buf.new_zeros(len(rows), layer.k_buf.shape[1], cap, layer.k_buf.shape[3])
+            v_buf = layer.v_buf.new_zeros(len(rows), layer.v_buf.shape[1], cap, layer.v_buf.shape[3])
+            for j, i in enumerate(rows):  # row-wise copies of contiguous blocks beat a strided index_select
+                n = self.lengths[j]
+                k_buf[j, :, width - n:width] = layer.k_buf[i, :, old_width - n:old_width]
+                v_buf[j, :, width - n:width] = layer.v_buf[i, :, old_width - n:old_width]
+            new_layers.append(_SlotLayer(k_buf, v_buf, width, self.max_width))
+        self._install(new_layers)
+
+    def _install(self, layers: list[_SlotLayer]) -> None:
+        if self.cache is None:
+            self.cache = DynamicCache()
+        self.cache.layers = layers
 
     def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention_mask [B, L+1], position_ids [B, 1]) for decoding one new token per row."""
@@ -91,7 +145,10 @@ class PaddedKVBatch:
         self.lengths = [n + 1 for n in self.lengths]
 
     def token_slots(self) -> int:
-        return len(self.lengths) * self.width
+        """KV token slots allocated now (rows x buffer capacity)."""
+        if self.cache is None or not self.lengths:
+            return 0
+        return len(self.lengths) * self.cache.layers[0].k_buf.shape[2]
 
 
 __all__ = ["PaddedKVBatch"]

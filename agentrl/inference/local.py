@@ -103,7 +103,7 @@ class LocalEngine:
         self._running: list[_Request] = []
         self._by_id: dict[str, _Request] = {}
         self._closed = False
-        self._batch = PaddedKVBatch()
+        self._batch = PaddedKVBatch(self.max_model_len)
         self.stats = {"steps": 0, "prefills": 0, "max_rows": 0, "max_token_slots": 0}
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
         self._thread.start()
@@ -388,7 +388,7 @@ class LocalEngine:
                 self._by_id.pop(r.rid, None)
             _post(r, None, error)
         self._running = []
-        self._batch = PaddedKVBatch()
+        self._batch = PaddedKVBatch(self.max_model_len)
 
     def _fail_all(self, error: EngineError) -> None:
         self._fail_running(error)
