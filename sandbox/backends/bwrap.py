@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sandbox import seccomp
 from sandbox.backends.base import (LANGUAGES, BackendError, ExecRequest, ExecResult, encode_frame, read_frame)
 from sandbox.backends.session_proc import SessionProc
 from sandbox.cgroups import Cgroup, CgroupError, CgroupPool, detect_version
@@ -46,9 +47,9 @@ def python_runtime() -> tuple[str, str]:
     return exe, prefix
 
 
-def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str) -> list[str]:
-    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
-            "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | None = None) -> list[str]:
+    args = [bwrap, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+            "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
         if os.path.islink(top):
@@ -100,6 +101,7 @@ class BwrapBackend:
         self.name = "bwrap" if isolate else "none"
         self.python, self.prefix = python_runtime()
         self.bwrap = shutil.which("bwrap") if isolate else None
+        self.seccomp = isolate and seccomp.supported()
         self.cgroup_version = detect_version()
         self.cgroups: CgroupPool | None = None
         self._ready: asyncio.Queue[Warm] = asyncio.Queue()
@@ -120,8 +122,13 @@ class BwrapBackend:
         if self.bwrap is None:
             raise BackendError("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap`, use "
                                "--backend docker, or pass --allow-unsafe to run without isolation")
-        probe = subprocess.run([*bwrap_args(self.cfg, self.bwrap, self.prefix), self.python, "-I", "-c", "pass"],
-                               capture_output=True, timeout=30)
+        fd = seccomp.filter_fd() if self.seccomp else None
+        try:
+            probe = subprocess.run([*bwrap_args(self.cfg, self.bwrap, self.prefix, fd), self.python, "-I", "-c", "pass"],
+                                   capture_output=True, timeout=30, pass_fds=(fd,) if fd is not None else ())
+        finally:
+            if fd is not None:
+                os.close(fd)
         if probe.returncode != 0:
             raise BackendError(f"bwrap cannot create a sandbox here (exit {probe.returncode}): "
                                f"{probe.stderr.decode(errors='replace').strip()[:500]}")
@@ -144,17 +151,18 @@ class BwrapBackend:
     def info(self) -> dict:
         return {"backend": self.name, "isolation": self.isolation,
                 "cgroup_version": self.cgroup_version if self.cgroups else None,
-                "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
+                "seccomp": self.seccomp, "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
                 "last_spawn_error": self.last_spawn_error, "python": self.python}
 
     async def _spawn(self, src: str, argv: list[str], memory_mb: int) -> Warm:
         cg = self.cgroups.acquire() if self.cgroups else None
         workdir = None
         r_res, w_res = os.pipe()
+        seccomp_fd = seccomp.filter_fd() if self.seccomp else None
         try:
             inner = [self.python, "-I", "-c", src, str(w_res), *argv]
             if self.isolate:
-                cmd = [*bwrap_args(self.cfg, self.bwrap, self.prefix), *inner]
+                cmd = [*bwrap_args(self.cfg, self.bwrap, self.prefix, seccomp_fd), *inner]
             else:
                 workdir = tempfile.mkdtemp(prefix="agentrl-unsafe-")
                 cmd = inner
@@ -165,7 +173,8 @@ class BwrapBackend:
                 cmd = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *cmd]
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, pass_fds=(w_res,), start_new_session=True, cwd=workdir,
+                stderr=asyncio.subprocess.PIPE, pass_fds=(w_res,) if seccomp_fd is None else (w_res, seccomp_fd),
+                start_new_session=True, cwd=workdir,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": workdir or "/"}
                 if not self.isolate else {}, limit=1 << 20)
         except BaseException:
@@ -175,6 +184,8 @@ class BwrapBackend:
             raise
         finally:
             os.close(w_res)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         loop = asyncio.get_running_loop()
         results = asyncio.StreamReader(limit=1 << 30)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(results), os.fdopen(r_res, "rb", 0))
@@ -295,10 +306,11 @@ class BwrapBackend:
         if result is None and not reasons and proc.returncode == 3:
             return ExecResult(status="Error", return_code=None, exit_reason="exit",
                               infra_error="sandbox runner rejected the request frame")
+        # The first cause wins: a fork bomb that also exhausts memory is reported as pids_limit.
         if counters is not None and counters.oom_kills > 0:
             reasons.insert(0, "oom")
         if counters is not None and counters.pids_max_hits > 0:
-            reasons.insert(0 if "oom" not in reasons else 1, "pids_limit")
+            reasons.insert(0, "pids_limit")
         sig = None
         if result is not None:
             exit_info = result["exit"]

@@ -155,8 +155,12 @@ def _child(req):
 def main():
     import time
 
-    result_fd = int(sys.argv[1])
-    os.set_inheritable(result_fd, False)
+    target = sys.argv[1]
+    if target.startswith("file:"):  # docker backend: no extra fd crosses `docker exec`, frames go to a file
+        result_fd = os.open(target[5:], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    else:
+        result_fd = int(target)
+        os.set_inheritable(result_fd, False)
     _frame(result_fd, {"ready": True})
     try:
         size = int.from_bytes(_read_exact(0, 4), "big")

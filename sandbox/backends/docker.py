@@ -1,0 +1,231 @@
+"""Docker backend: a warm pool of locked-down, single-use containers, driven through the `docker` SDK.
+
+Each container: `network_mode=none`, memory limit with swap off, pids limit, CPU quota, read-only root with
+size-limited tmpfs for /tmp and /workspace, `cap_drop=ALL`, `no-new-privileges`, uid 65534. A request runs the
+same runner as the bwrap backend through `docker exec` (request frame + stdin on the exec's stdin, stdout and
+stderr demultiplexed, the result frame written to a file inside the container), then the container is removed
+and a fresh one started in the background. The SDK is synchronous, so its calls run in worker threads.
+
+Limits of this backend: sessions are not offered (they need a private result channel that `docker exec` does
+not give; use the bwrap backend), and an OOM kill is inferred from SIGKILL + a memory peak at the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import struct
+import time
+
+from sandbox.backends.base import LANGUAGES, BackendError, ExecRequest, ExecResult, encode_frame
+from sandbox.backends.bwrap import RUNNER_SRC
+from sandbox.config import SandboxConfig
+from sandbox.output import HeadTail
+
+RESULT_PATH = "/tmp/.agentrl-result"
+
+
+class DockerBackend:
+    name = "docker"
+    isolation = "docker"
+
+    def __init__(self, cfg: SandboxConfig):
+        self.cfg = cfg
+        self.client = None
+        self._ready: asyncio.Queue = asyncio.Queue()
+        self._spawning = 0
+        self._closing = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.spawn_failures = 0
+        self.last_spawn_error = ""
+
+    async def start(self) -> None:
+        try:
+            import docker  # imported here: the SDK is optional (`pip install agentrl[docker]`)
+        except ImportError as e:
+            raise BackendError("the docker backend needs the `docker` package: pip install 'agentrl[docker]'") from e
+        try:
+            self.client = await asyncio.to_thread(docker.from_env)
+            await asyncio.to_thread(self.client.ping)
+        except docker.errors.DockerException as e:
+            raise BackendError(f"no Docker engine answers ({e}); start dockerd or use --backend bwrap") from e
+        try:
+            await asyncio.to_thread(self.client.images.get, self.cfg.docker_image)
+        except docker.errors.ImageNotFound as e:
+            raise BackendError(f"docker image {self.cfg.docker_image!r} is not present: `docker pull "
+                               f"{self.cfg.docker_image}` or set docker_image") from e
+        self._task = asyncio.create_task(self._refill_loop())
+        self._wake.set()
+
+    def info(self) -> dict:
+        return {"backend": "docker", "isolation": "docker", "cgroup_version": None, "image": self.cfg.docker_image,
+                "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
+                "last_spawn_error": self.last_spawn_error}
+
+    def _create(self):
+        from docker.types import Ulimit
+
+        tmpfs_opts = f"size={self.cfg.tmpfs_mb}m,uid=65534,gid=65534,mode=1777"
+        mem = f"{self.cfg.default_memory_mb}m"
+        return self.client.containers.run(
+            self.cfg.docker_image, command=["sleep", "infinity"], detach=True, network_mode="none",
+            mem_limit=mem, memswap_limit=mem, pids_limit=self.cfg.pids_limit,
+            nano_cpus=int(self.cfg.cpu_quota * 1e9), read_only=True,
+            tmpfs={"/tmp": tmpfs_opts, "/workspace": tmpfs_opts}, working_dir="/workspace", user="65534:65534",
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True,
+            environment={"HOME": "/workspace", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
+            ulimits=[Ulimit(name="fsize", soft=self.cfg.max_file_bytes, hard=self.cfg.max_file_bytes),
+                     Ulimit(name="nofile", soft=self.cfg.nofile_limit, hard=self.cfg.nofile_limit),
+                     Ulimit(name="core", soft=0, hard=0)],
+            labels={"agentrl.sandbox": str(os.getpid())})
+
+    async def _refill_loop(self) -> None:
+        while not self._closing:
+            await self._wake.wait()
+            self._wake.clear()
+            while not self._closing and self._ready.qsize() + self._spawning < self.cfg.warm_pool:
+                self._spawning += 1
+                asyncio.create_task(self._spawn_one())
+
+    async def _spawn_one(self) -> None:
+        import docker
+
+        try:
+            container = await asyncio.to_thread(self._create)
+        except docker.errors.DockerException as e:
+            self.spawn_failures += 1
+            self.last_spawn_error = str(e)[:500]
+            await asyncio.sleep(1)
+            self._spawning -= 1
+            self._wake.set()
+            return
+        self._spawning -= 1
+        self._ready.put_nowait(container)
+
+    async def _take(self):
+        self._wake.set()
+        if not self._ready.empty():
+            return self._ready.get_nowait()
+        return await asyncio.to_thread(self._create)
+
+    def _remove(self, container) -> None:
+        import docker
+
+        with contextlib.suppress(docker.errors.DockerException):
+            container.remove(force=True)
+
+    def _run(self, container, req: ExecRequest) -> ExecResult:
+        """Blocking: one program in `container` through `docker exec`, with the time limit on the socket."""
+        import docker
+
+        payload = {"language": req.language, "code": req.code, "files": req.files, "fetch_files": req.fetch_files,
+                   "fetch_limit": self.cfg.max_body_bytes, "script_dir": "/tmp",
+                   "rlimits": {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit,
+                               "cpu": int(req.run_timeout) + 2}}
+        if req.language != "python":
+            payload["interpreter"], payload["suffix"] = LANGUAGES[req.language]
+        mem = f"{req.memory_mb}m"
+        container.update(mem_limit=mem, memswap_limit=mem)
+        api = self.client.api
+        exec_id = api.exec_create(container.id, ["python3", "-I", "-c", RUNNER_SRC, f"file:{RESULT_PATH}"],
+                                  stdin=True, stdout=True, stderr=True, workdir="/workspace", user="65534:65534")
+        sock = api.exec_start(exec_id, socket=True)
+        raw: socket.socket = getattr(sock, "_sock", sock)
+        data = encode_frame(payload) + req.stdin
+        out, err = HeadTail(self.cfg.max_output_bytes), HeadTail(self.cfg.max_output_bytes)
+        reason = None
+        deadline = time.monotonic() + req.run_timeout + 0.5
+        try:
+            raw.settimeout(5)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError, socket.timeout):
+                raw.sendall(data)
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_WR)
+            buf = b""
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    reason = "timeout"
+                    break
+                raw.settimeout(left)
+                try:
+                    chunk = raw.recv(1 << 16)
+                except socket.timeout:
+                    reason = "timeout"
+                    break
+                if not chunk:
+                    break
+                buf += chunk
+                while len(buf) >= 8:  # docker's multiplexed stream: [stream, 0, 0, 0, size (4 bytes)] + payload
+                    stream, size = buf[0], struct.unpack(">I", buf[4:8])[0]
+                    if len(buf) < 8 + size:
+                        break
+                    (out if stream == 1 else err).feed(buf[8:8 + size])
+                    buf = buf[8 + size:]
+                if out.total > self.cfg.output_kill_bytes or err.total > self.cfg.output_kill_bytes:
+                    reason = "output_limit"
+                    break
+        finally:
+            raw.close()
+        result = None
+        if reason is None:
+            with contextlib.suppress(docker.errors.DockerException, ValueError, IndexError):
+                text = container.exec_run(["cat", RESULT_PATH], user="65534:65534").output
+                frames = _frames(text)
+                result = frames[-1] if frames and "exit" in frames[-1] else None
+        elapsed = req.run_timeout if reason == "timeout" else (result or {}).get("elapsed", 0.0)
+        sig, code = None, None
+        if result is not None:
+            exit_info = result["exit"]
+            sig = exit_info.get("signal")
+            code = 128 + sig if sig else exit_info["code"]
+        exit_reason = reason or ("signal" if sig else "exit")
+        if sig == 9 and reason is None:
+            exit_reason = "oom"  # nothing else SIGKILLs inside the container but the OOM killer or the code
+        return ExecResult(status="TimeLimitExceeded" if reason == "timeout" else "Finished",
+                          return_code=None if reason == "timeout" else (code if code is not None else 137),
+                          exit_reason=exit_reason, stdout=out.text(), stderr=err.text(),
+                          truncated=out.truncated or err.truncated, signal=None,
+                          execution_time=round(elapsed, 4), files=(result or {}).get("files", {}),
+                          file_errors=(result or {}).get("file_errors", {}))
+
+    async def execute(self, req: ExecRequest) -> ExecResult:
+        import docker
+
+        try:
+            container = await self._take()
+        except docker.errors.DockerException as e:
+            return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=f"docker: {e}")
+        try:
+            return await asyncio.to_thread(self._run, container, req)
+        except docker.errors.DockerException as e:
+            return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=f"docker: {e}")
+        finally:
+            await asyncio.to_thread(self._remove, container)
+
+    async def open_session(self, language: str, memory_mb: int):
+        raise BackendError("sessions are offered by the bwrap backend only (docker exec has no private result "
+                           "channel); start the service with --backend bwrap for sessions")
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+        while self._spawning:
+            await asyncio.sleep(0.05)
+        while not self._ready.empty():
+            await asyncio.to_thread(self._remove, self._ready.get_nowait())
+
+
+def _frames(data: bytes) -> list[dict]:
+    frames = []
+    while len(data) >= 4:
+        size = int.from_bytes(data[:4], "big")
+        frames.append(json.loads(data[4:4 + size]))
+        data = data[4 + size:]
+    return frames

@@ -1,0 +1,22 @@
+"""Helpers for the sandbox integration tests."""
+
+from __future__ import annotations
+
+import httpx
+
+SECRET = "agentrl-sandbox-test-secret-4f1d"  # set in the service's environment; must never reach the code
+
+
+def run(http: httpx.Client, code: str, **fields) -> dict:
+    resp = http.post("/run_code", json={"code": code, **fields})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["status"] != "SandboxError", body
+    return body
+
+
+def assert_benign(http: httpx.Client) -> None:
+    """The service still answers a plain request correctly (after each adversarial case)."""
+    body = run(http, "print(sum(range(10)))")
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "45\n"
