@@ -155,6 +155,8 @@ class LocalEngine:
             return await asyncio.shield(request.future)
         except asyncio.CancelledError:
             self.abort(request.rid)
+            # nobody awaits the result any more; retrieve a late exception so asyncio does not log it
+            request.future.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise
 
     def _make_request(self, input_ids: list[int], params: SamplingParams, request_id: str | None) -> _Request:
