@@ -17,6 +17,7 @@ tool receives it as `session=`, and the state's `aclose()`/`close()` runs when t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import enum
 import functools
@@ -28,6 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pydantic
+
+SYNC_TOOL_THREADS = 64  # blocking (sync) tools run on a dedicated pool: asyncio's default has only cpu+4 threads
+_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=SYNC_TOOL_THREADS, thread_name_prefix="tool")
+    return _EXECUTOR
+
 
 POLICY_ERROR_KINDS = frozenset({"bad_arguments", "unknown_tool", "tool_raised", "tool_error"})
 INFRA_ERROR_KINDS = frozenset({"unreachable", "timeout", "server_error", "overloaded", "sandbox_error"})
@@ -239,7 +251,7 @@ class Tool:
                 coro = None
                 value = self.fn(**kwargs)
             else:
-                coro = asyncio.to_thread(functools.partial(self.fn, **kwargs))
+                coro = asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(self.fn, **kwargs))
             if coro is not None:
                 value = await (asyncio.wait_for(coro, self.timeout_s) if self.timeout_s else coro)
         except ToolError as e:

@@ -165,12 +165,12 @@ class ToolRegistry:
         elif cfg.tools_kwargs:
             raise ToolServiceError(f"tools_kwargs {sorted(cfg.tools_kwargs)} given but no in-process tools "
                                    f"(builtin/functions) to use them; a tool service takes its defaults itself")
-        client = None
+        client = transport = None
         if any(s.kind == "http" for s in cfg.services):
-            client = make_client(cfg.max_concurrency)
+            client, transport = make_client(cfg.max_concurrency)
         for service in cfg.services:
             if service.kind == "http":
-                backends.append(HTTPToolService(service, client))
+                backends.append(HTTPToolService(service, client, transport))
             else:
                 from agentrl.tools.mcp import MCPToolService
 

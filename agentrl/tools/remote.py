@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from typing import Any, AsyncIterator
 
@@ -63,10 +64,13 @@ def check_schemas(schemas: Any, where: str) -> list[dict]:
 class HTTPToolService:
     """One tool service (`agentrl tools serve`, or anything speaking the same routes)."""
 
-    def __init__(self, cfg: ServiceConfig, client: httpx.AsyncClient):
+    def __init__(self, cfg: ServiceConfig, client: httpx.AsyncClient,
+                 transport: httpx.AsyncBaseTransport | None = None):
         self.cfg = cfg
         self.name = cfg.name
         self.client = client
+        self._transport = transport  # the client's own transport, used directly for tool calls when given
+        self._headers = {"content-type": "application/json", **cfg.headers}
         self.call_budget_s = cfg.call_budget_s
         self._own = asyncio.Semaphore(cfg.max_concurrency)
         self._global: asyncio.Semaphore | None = None
@@ -110,6 +114,21 @@ class HTTPToolService:
     def is_stateful(self, tool: str) -> bool:
         return tool in self._stateful
 
+    async def _roundtrip(self, method: str, url: str, body: Any) -> httpx.Response:
+        if self._transport is None:
+            return await self.client.request(method, url, json=body, headers=self.cfg.headers, timeout=self._timeout)
+        # Hot path: straight to the shared pooled transport. The client layer's cookie, auth and redirect
+        # handling is a third of the per-call CPU and none of it applies to a tool service.
+        content = json.dumps(body, ensure_ascii=False).encode() if body is not None else b""
+        request = httpx.Request(method, url, content=content, headers=self._headers,
+                                extensions={"timeout": self._timeout.as_dict()})
+        response = await self._transport.handle_async_request(request)
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        return response
+
     async def _send(self, method: str, path: str, body: Any = None) -> httpx.Response | ToolResult:
         """One logical request with retries; returns the response or an infra ToolResult."""
         url = f"{self.cfg.url}{path}"
@@ -118,8 +137,7 @@ class HTTPToolService:
             retry_after = None
             async with self._slot():
                 try:
-                    response = await self.client.request(method, url, json=body, headers=self.cfg.headers,
-                                                         timeout=self._timeout)
+                    response = await self._roundtrip(method, url, body)
                 except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                     failure = ToolResult.error("unreachable", f"Error: tool service {self.name} is unreachable "
                                                               f"({type(e).__name__})")

@@ -14,7 +14,7 @@ import ssl
 
 import httpx
 
-CONNECTIONS_PER_SHARD = 8
+CONNECTIONS_PER_SHARD = 2
 
 
 class ShardedTransport(httpx.AsyncBaseTransport):
@@ -38,9 +38,11 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             await shard.aclose()
 
 
-def make_client(max_connections: int) -> httpx.AsyncClient:
-    """The registry's shared HTTP client: sharded keep-alive pool, no proxies from the environment."""
-    return httpx.AsyncClient(transport=ShardedTransport(max_connections), trust_env=False)
+def make_client(max_connections: int) -> tuple[httpx.AsyncClient, ShardedTransport]:
+    """The registry's shared HTTP client (sharded keep-alive pool, no proxies from the environment) and its
+    transport, which the tool-call hot path uses directly."""
+    transport = ShardedTransport(max_connections)
+    return httpx.AsyncClient(transport=transport, trust_env=False), transport
 
 
 __all__ = ["ShardedTransport", "make_client"]

@@ -162,7 +162,7 @@ async def test_service_killed_mid_run_then_restarted():
             after = await reg.call("describe", {"name": "x", "count": 1})
             elapsed = time.monotonic() - start
         assert all(r.error_kind == "unreachable" and r.infra_error for r in lost), lost
-        assert after.error_kind == "unreachable" and after.metrics["attempts"] == 3
+        assert after.error_kind == "unreachable" and after.infra_error
         assert elapsed < 5.0, f"calls to a dead service took {elapsed:.1f}s; they must fail fast"
         with service(serve_args(port), f"{url}/health"):
             recovered = await reg.call("describe", {"name": "y", "count": 2})
