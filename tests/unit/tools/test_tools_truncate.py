@@ -39,11 +39,15 @@ def test_tiny_budget_is_a_hard_cut():
     assert truncate_text("abcdefghij", max_chars=4, side="tail") == ("ghij", True)
 
 
-@pytest.mark.parametrize("side", ["head", "tail", "middle"])
-def test_tokens_with_a_real_tokenizer(qwen2_tokenizer_dir, side):
+@pytest.fixture(scope="module")
+def tok(qwen2_tokenizer_dir):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(qwen2_tokenizer_dir)
+    return AutoTokenizer.from_pretrained(qwen2_tokenizer_dir)
+
+
+@pytest.mark.parametrize("side", ["head", "tail", "middle"])
+def test_tokens_with_a_real_tokenizer(tok, side):
     out, cut = truncate_text(TEXT, max_tokens=60, tokenizer=tok, side=side)
     n = len(tok.encode(out, add_special_tokens=False))
     assert cut and "tokens truncated]" in out
@@ -52,10 +56,7 @@ def test_tokens_with_a_real_tokenizer(qwen2_tokenizer_dir, side):
     assert (short, cut_short) == ("just a few words", False)
 
 
-def test_chars_then_tokens_and_argument_errors(qwen2_tokenizer_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(qwen2_tokenizer_dir)
+def test_chars_then_tokens_and_argument_errors(tok):
     out, cut = truncate_text(TEXT, max_chars=2000, max_tokens=30, tokenizer=tok)
     assert cut and len(tok.encode(out, add_special_tokens=False)) <= 31
     with pytest.raises(ValueError, match="needs a tokenizer"):
