@@ -259,8 +259,9 @@ class Tool:
         except ToolInfraError as e:
             result = ToolResult.error(e.kind, f"Error: tool '{self.name}' failed for a reason outside the model's "
                                               f"control: {e}")
-        except TimeoutError:
-            result = ToolResult.error("timeout", f"Error: tool '{self.name}' did not finish within {self.timeout_s}s")
+        except TimeoutError as e:
+            limit = f"did not finish within {self.timeout_s}s" if self.timeout_s else f"timed out ({e or 'TimeoutError'})"
+            result = ToolResult.error("timeout", f"Error: tool '{self.name}' {limit}")
         except Exception as e:  # noqa: BLE001 - the tool boundary: the model reads what went wrong
             last = traceback.format_exception_only(type(e), e)[-1].strip()
             result = ToolResult.error("tool_raised", f"Error: tool '{self.name}' raised {last}")

@@ -81,7 +81,8 @@ class LocalBackend:
         await self.toolset.close_session(session_id)
 
     async def call(self, tool: str, arguments: Any, session_id: str | None) -> ToolResult:
-        async with self._global or contextlib.nullcontext(), self._own:
+        # Own limit first: calls queued behind a saturated backend must not hold global slots meanwhile.
+        async with self._own, self._global or contextlib.nullcontext():
             try:
                 async with asyncio.timeout(self.timeout_s):
                     return await self.toolset.call(tool, arguments, session_id)
@@ -261,9 +262,9 @@ class ToolRegistry:
                 by_name = {b.name: b for b in self.backends}
                 closing = asyncio.gather(*(by_name[b].close_session(sid) for b, sid in episode.remote.items()),
                                          return_exceptions=True)
-                # Closing must finish even if the episode task is being cancelled (episode timeout).
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(closing)
+                # Closing must finish even if the episode task is cancelled meanwhile (episode timeout): the
+                # shield lets it run on while the cancellation still reaches the caller.
+                await asyncio.shield(closing)
 
     async def _backend_session(self, episode: _Episode, backend: ToolBackend) -> str:
         lock = episode.locks.setdefault(backend.name, asyncio.Lock())

@@ -174,7 +174,7 @@ class MCPToolService:
             return bad
         attempt = 0
         while True:
-            async with self._global or contextlib.nullcontext(), self._own:
+            async with self._own, self._global or contextlib.nullcontext():  # own first: see remote._slot
                 try:
                     conn = await self._connection()
                 except (ConnectionError, OSError) as e:

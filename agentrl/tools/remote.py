@@ -80,7 +80,8 @@ class HTTPToolService:
 
     @contextlib.asynccontextmanager
     async def _slot(self) -> AsyncIterator[None]:
-        async with self._global or contextlib.nullcontext(), self._own:
+        # Own limit first: calls queued behind this service must not hold global slots other services need.
+        async with self._own, self._global or contextlib.nullcontext():
             self.in_flight += 1
             try:
                 yield

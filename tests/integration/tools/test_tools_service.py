@@ -182,3 +182,23 @@ def test_cli_tools_list_discovers_a_config(toolbox_url, tmp_path, capsys):
     assert [(r["tool"], r["service"]) for r in rows] == [("calculator", "local"), ("describe", "toolbox"),
                                                         ("count", "toolbox")]
     assert rows[1]["description"] == "Describe a thing."
+
+
+async def test_saturated_service_does_not_starve_others(toolbox_url):
+    config = {"max_concurrency": 4, "services": [
+        {"url": toolbox_url, "name": "slow-lane", "tools": ["probe"], "max_concurrency": 1},
+        {"url": toolbox_url, "name": "fast-lane", "tools": ["describe"], "max_concurrency": 4}]}
+    done: list[str] = []
+
+    async def tracked(name: str, args: dict) -> None:
+        result = await reg.call(name, args)
+        assert not result.is_error, result
+        done.append(name)
+
+    async with ToolRegistry.from_config(config) as reg:
+        slow = [asyncio.create_task(tracked("probe", {"ms": 150})) for _ in range(8)]
+        await asyncio.sleep(0.05)
+        await tracked("describe", {"name": "x", "count": 1})
+        await asyncio.gather(*slow)
+    # Queued slow-lane calls must not sit on global slots: the fast lane answers while the slow one is busy.
+    assert done.index("describe") <= 3, done
