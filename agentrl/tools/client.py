@@ -121,6 +121,11 @@ class ToolRegistry:
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self._episodes: dict[str, _Episode] = {}
+        if all(isinstance(b, LocalBackend) for b in self.backends):  # nothing remote: usable without start()
+            for b in self.backends:
+                b._global = self._limit
+                self._add_routes(b, b.toolset.schemas())
+            self._started = True
 
     # -- construction -------------------------------------------------------------------------------------------
     @classmethod
@@ -130,11 +135,7 @@ class ToolRegistry:
         """In-process tools (plain typed functions or `@tool`s); ready to use without `start()`."""
         backend = LocalBackend(ToolSet(fns, defaults=tools_kwargs), max_concurrency=max_concurrency,
                                timeout_s=timeout_s)
-        registry = cls([backend], max_concurrency=max_concurrency, max_output_chars=max_output_chars)
-        registry._add_routes(backend, backend.toolset.schemas())
-        registry._started = True
-        backend._global = registry._limit
-        return registry
+        return cls([backend], max_concurrency=max_concurrency, max_output_chars=max_output_chars)
 
     @classmethod
     def from_config(cls, path_or_dict: str | Path | dict | ToolsConfig) -> "ToolRegistry":
@@ -244,7 +245,7 @@ class ToolRegistry:
     def _require_started(self) -> None:
         if not self._started:
             raise RuntimeError("the tool registry has remote services whose tools are not discovered yet: "
-                               "`await registry.start()` first")
+                               "`await registry.start()` first (in-process-only registries need no start)")
 
     # -- sessions -------------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
