@@ -61,6 +61,7 @@ class _Request:
     weight_version_start: int = 0
     length_clamped: bool = False
     matched_stop: int | str | None = None
+    finished: bool = False
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -101,6 +102,7 @@ class LocalEngine:
         self._step_lock = threading.Lock()  # one scheduler step or one weight update at a time
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
+        self._admitting: list[_Request] = []
         self._by_id: dict[str, _Request] = {}
         self._closed = False
         self._batch = PaddedKVBatch(self.max_model_len)
@@ -300,6 +302,7 @@ class LocalEngine:
                     break
                 budget -= len(nxt.prompt)
                 admitted.append(self._waiting.popleft())
+        self._admitting = admitted  # failed by _fail_running if a prefill raises
         caches, lengths, joined = [], [], []
         for r in admitted:
             r.t_start = time.perf_counter()
@@ -316,6 +319,7 @@ class LocalEngine:
             joined.append(r)
         self._batch.add(caches, lengths)
         self._running.extend(joined)
+        self._admitting = []
 
     def _prefill(self, prompt: list[int]):
         from transformers import DynamicCache
@@ -369,6 +373,7 @@ class LocalEngine:
         return next((s for s in r.params.stop if s and s in text), None)
 
     def _finish(self, r: _Request, reason: str) -> None:
+        r.finished = True
         now = time.perf_counter()
         gen = Generation(
             token_ids=list(r.out_ids), logprobs=list(r.out_logprobs), finish_reason=reason,
@@ -385,11 +390,14 @@ class LocalEngine:
         _post(r, gen, None)
 
     def _fail_running(self, error: EngineError) -> None:
-        for r in self._running:
+        for r in [*self._running, *self._admitting]:
+            if r.finished:
+                continue
+            r.finished = True
             with self._cv:
                 self._by_id.pop(r.rid, None)
             _post(r, None, error)
-        self._running = []
+        self._running, self._admitting = [], []
         self._batch = PaddedKVBatch(self.max_model_len)
 
     def _fail_all(self, error: EngineError) -> None:

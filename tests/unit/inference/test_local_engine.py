@@ -218,3 +218,20 @@ async def test_many_queued_requests_keep_kv_cache_bounded(tiny_model_dir):
     assert len(gens) == 256 and all(len(g.token_ids) >= 1 for g in gens)
     assert eng.stats["max_rows"] <= 4
     assert eng.stats["max_token_slots"] <= cfg.max_batch_size * cfg.max_model_len
+
+
+async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(engine, monkeypatch):
+    real_forward = engine.model.forward
+    calls = {"n": 0}
+
+    def flaky_forward(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated out of memory")
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", flaky_forward)
+    with pytest.raises(EngineError, match="simulated out of memory"):
+        await engine.generate([3, 4, 5], SamplingParams(max_new_tokens=5, temperature=0))
+    g = await engine.generate([3, 4, 5], SamplingParams(max_new_tokens=5, temperature=0))
+    assert g.finish_reason == "length" and len(g.token_ids) == 5
