@@ -7,7 +7,8 @@ services inline, or both (the file's services come first). In-process tools need
 
 Per call: `timeout_s` bounds one attempt; an attempt that fails to connect, or gets 503/504, is retried up to
 `retries` times with exponential backoff and jitter (503's Retry-After is honoured up to `max_backoff_s`).
-So no call takes longer than (retries + 1) * timeout_s + retries * max_backoff_s.
+So once the concurrency limits admit it, no call takes longer than
+(retries + 1) * (timeout_s + connect_timeout_s) + retries * max_backoff_s (`ServiceConfig.call_budget_s`).
 """
 
 from __future__ import annotations

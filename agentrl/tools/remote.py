@@ -138,7 +138,12 @@ class HTTPToolService:
             retry_after = None
             async with self._slot():
                 try:
-                    response = await self._roundtrip(method, url, body)
+                    # httpx bounds each socket operation; this bounds the whole attempt (a trickling server).
+                    async with asyncio.timeout(self.cfg.timeout_s + self.cfg.connect_timeout_s):
+                        response = await self._roundtrip(method, url, body)
+                except TimeoutError:
+                    return ToolResult.error("timeout", f"Error: tool service {self.name} did not answer within "
+                                                       f"{self.cfg.timeout_s}s")
                 except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                     failure = ToolResult.error("unreachable", f"Error: tool service {self.name} is unreachable "
                                                               f"({type(e).__name__})")
