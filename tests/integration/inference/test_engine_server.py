@@ -134,3 +134,19 @@ async def test_update_weights_from_disk_changes_outputs(server, model, tmp_path)
     with pytest.raises(EngineError, match="failed"):
         await eng.update_weights(tmp_path / "missing")
     await eng.close()
+
+
+async def test_abort_request_by_rid(server):
+    eng = _client(server)
+    task = asyncio.create_task(eng.generate([1, 2, 3], SamplingParams(max_new_tokens=250, temperature=0),
+                                            request_id="long-1"))
+    async with httpx.AsyncClient(base_url=server, timeout=30) as http:
+        for _ in range(200):  # wait until the server is decoding it
+            if (await http.get("/get_server_info")).json()["num_running"] > 0:
+                break
+            await asyncio.sleep(0.01)
+    await eng.abort("long-1")
+    g = await task
+    assert g.finish_reason == "abort" and len(g.token_ids) < 250
+    assert g.metrics["finish_detail"]["type"] == "abort"
+    await eng.close()
