@@ -248,6 +248,10 @@ class CgroupPool:
         self._free.append(cg)
 
     @property
+    def total(self) -> int:
+        return len(self._all)
+
+    @property
     def in_use(self) -> int:
         return len(self._all) - len(self._free)
 

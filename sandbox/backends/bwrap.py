@@ -151,6 +151,9 @@ class BwrapBackend:
     def info(self) -> dict:
         return {"backend": self.name, "isolation": self.isolation,
                 "cgroup_version": self.cgroup_version if self.cgroups else None,
+                "cgroups_total": self.cgroups.total if self.cgroups else 0,
+                "cgroups_in_use": self.cgroups.in_use if self.cgroups else 0,
+                "cgroup_parents": [str(p) for p in self.cgroups.parents.values()] if self.cgroups else [],
                 "seccomp": self.seccomp, "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
                 "last_spawn_error": self.last_spawn_error, "python": self.python}
 

@@ -1,0 +1,77 @@
+"""Backend selection: never silently unisolated; --allow-unsafe is explicit and visible; docker when available."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from sandbox_testlib import assert_benign
+
+from helpers import REPO_ROOT, free_port, service
+
+pytestmark = pytest.mark.slow
+
+NO_BWRAP_ENV = {"PATH": "/nonexistent-agentrl-test-bin"}  # bwrap cannot be found; absolute paths still work
+
+
+def test_refuses_to_start_without_isolation():
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "sandbox", "serve", "--port", str(port)], cwd=REPO_ROOT,
+                         env={**os.environ, **NO_BWRAP_ENV}, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "bwrap" in out.stderr and "--allow-unsafe" in out.stderr
+
+
+def test_allow_unsafe_is_explicit_and_reported():
+    port = free_port()
+    agentrl = os.path.join(os.path.dirname(sys.executable), "agentrl")
+    url = f"http://127.0.0.1:{port}"
+    with service([agentrl, "sandbox", "serve", "--port", str(port), "--allow-unsafe"], f"{url}/v1/ping",
+                 env=NO_BWRAP_ENV):
+        with httpx.Client(base_url=url, timeout=30) as http:
+            health = http.get("/health").json()
+            assert health["unsafe"] is True and health["isolation"].startswith("none")
+            assert health["canary"]["ok"] is True
+            assert_benign(http)
+
+
+def _docker_unavailable() -> str | None:
+    try:
+        import docker
+    except ImportError:
+        return "the docker SDK is not installed (pip install 'agentrl[docker]')"
+    try:
+        client = docker.from_env()
+        client.ping()
+        client.images.get("python:3.11-slim")
+    except docker.errors.ImageNotFound:
+        return "the Docker engine has no python:3.11-slim image (docker pull python:3.11-slim)"
+    except docker.errors.DockerException as e:
+        return f"no Docker engine answers on this machine ({type(e).__name__}); docker backend not exercised"
+    return None
+
+
+@pytest.mark.docker
+def test_docker_backend_isolates():
+    reason = _docker_unavailable()
+    if reason:
+        pytest.skip(reason)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with service(["python", "-m", "sandbox", "serve", "--port", str(port), "--backend", "docker"],
+                 f"{url}/v1/ping", timeout=120):
+        with httpx.Client(base_url=url, timeout=60) as http:
+            assert http.get("/health").json()["isolation"] == "docker"
+            assert_benign(http)
+            net = http.post("/run_code", json={"code": "import socket\ntry:\n    socket.create_connection(("
+                                                       "'1.1.1.1', 53), timeout=1)\n    print('CONNECTED')\n"
+                                                       "except OSError:\n    print('blocked')"}).json()
+            assert net["run_result"]["stdout"] == "blocked\n"
+            oom = http.post("/run_code", json={"code": "x = bytearray(512 * 2**20)", "memory_limit_MB": 128}).json()
+            assert oom["status"] == "Failed" and oom["exit_reason"] == "oom"
+            loop = http.post("/run_code", json={"code": "while True: pass", "run_timeout": 1}).json()
+            assert loop["run_result"]["status"] == "TimeLimitExceeded"
+            assert_benign(http)

@@ -1,0 +1,117 @@
+"""Pure parts of the sandbox: output capture, request checks, status mapping, admission, config, seccomp."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+
+from sandbox import seccomp
+from sandbox.admission import Admission, Overloaded
+from sandbox.api import check_files
+from sandbox.app import to_response
+from sandbox.backends.base import ExecResult
+from sandbox.backends.session_proc import _Stream
+from sandbox.config import SandboxConfig
+from sandbox.output import HeadTail
+
+
+def test_head_tail_keeps_both_ends_and_counts():
+    buf = HeadTail(10)
+    for chunk in [b"HEAD", b"x" * 1000, b"TAIL!"]:
+        buf.feed(chunk)
+    assert buf.total == 1009 and buf.truncated
+    text = buf.text()
+    assert text.startswith("HEADx") and text.endswith("TAIL!") and "[999 bytes truncated]" in text
+    small = HeadTail(100)
+    small.feed(b"ok \xff")
+    assert not small.truncated and small.text() == "ok \ufffd"
+
+
+def test_session_stream_cuts_at_marker_across_reads():
+    stream = _Stream(1000)
+    buf = stream.expect("abc")
+    marker = b"\x00agentrl-cell-end:abc\x00"
+    stream.feed(b"hello " + marker[:7])
+    assert not stream.seen.is_set()
+    stream.feed(marker[7:] + b"next")
+    assert stream.seen.is_set() and buf.text() == "hello "
+    assert stream.expect("def").text() == "next"  # output after the marker counts toward the next cell
+
+
+@pytest.mark.parametrize("files,fetch,field", [
+    ({"../x": None}, [], "files"), ({"/abs": None}, [], "files"), ({"a/../../x": None}, [], "files"),
+    ({"": None}, [], "files"), ({"ok": "not base64!"}, [], "files"), ({}, ["../../etc/passwd"], "fetch_files"),
+    ({}, ["/etc/passwd"], "fetch_files"),
+])
+def test_bad_paths_name_the_field(files, fetch, field):
+    with pytest.raises(ValueError, match=field):
+        check_files(files, fetch)
+
+
+def test_good_paths_pass():
+    check_files({"dir/a.txt": "aGk=", "b": None}, ["dir/a.txt", "./c"])
+
+
+def test_status_mapping():
+    ok = to_response(ExecResult(status="Finished", return_code=0, exit_reason="exit", stdout="1\n"))
+    assert ok.status == "Success" and ok.run_result.status == "Finished" and ok.message == ""
+    tle = to_response(ExecResult(status="TimeLimitExceeded", return_code=None, exit_reason="timeout"))
+    assert tle.status == "Failed" and tle.run_result.status == "TimeLimitExceeded"
+    oom = to_response(ExecResult(status="Finished", return_code=137, exit_reason="oom", signal="SIGKILL"))
+    assert oom.status == "Failed" and "memory" in oom.message and oom.signal == "SIGKILL"
+    infra = to_response(ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error="bwrap died"))
+    assert infra.status == "SandboxError" and infra.run_result is None and "bwrap died" in infra.message
+
+
+async def test_admission_queue_limit_and_timeout():
+    adm = Admission(max_concurrency=1, max_queue=1, queue_timeout_s=0.05)
+    release = asyncio.Event()
+
+    async def hold():
+        async with adm.slot():
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as timed_out:  # queue has room, but no slot frees up within the timeout
+        async with adm.slot():
+            pass
+    assert "within" in str(timed_out.value) and timed_out.value.retry_after_s >= 1
+    adm.queue_timeout_s = 5
+    waiter = asyncio.create_task(hold())
+    await asyncio.sleep(0.01)
+    assert adm.waiting == 1
+    with pytest.raises(Overloaded, match="max_queue"):  # one running, one queued: the next is refused at once
+        async with adm.slot():
+            pass
+    release.set()
+    await holder
+    await waiter
+    assert adm.running == 0 and adm.waiting == 0 and adm.rejected == 2
+
+
+def test_config_validation():
+    cfg = SandboxConfig()
+    assert cfg.max_concurrency >= 2 and cfg.warm_pool == cfg.max_concurrency + 2
+    with pytest.raises(ValueError, match="pids_limit"):
+        SandboxConfig(pids_limit=0)
+    with pytest.raises(ValueError, match="output_kill_bytes"):
+        SandboxConfig(max_output_bytes=100, output_kill_bytes=10)
+    with pytest.raises(ValueError, match="default_run_timeout_s"):
+        SandboxConfig(default_run_timeout_s=500)
+
+
+@pytest.mark.skipif(not seccomp.supported(), reason="the seccomp table covers x86_64 only")
+def test_seccomp_filter_shape():
+    prog = seccomp.build_filter()
+    insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+    denied = sorted(seccomp.DENIED_X86_64.values())
+    assert len(insns) == 6 + len(denied) + 2
+    jeqs = insns[6:6 + len(denied)]
+    assert [k for _, _, _, k in jeqs] == denied
+    deny_index = len(insns) - 1
+    for i, (_, jt, _, _) in enumerate(jeqs):  # every match lands on the EPERM return
+        assert 6 + i + 1 + jt == deny_index
+    assert insns[-1][3] == 0x00050000 | 1 and insns[-2][3] == 0x7FFF0000
