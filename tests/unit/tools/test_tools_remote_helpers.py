@@ -1,0 +1,81 @@
+"""Pure pieces of the HTTP path: backoff, Retry-After, schema checks, serve specs, idle-session sweeping."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrl.tools import ToolServiceError, tool
+from agentrl.tools.cli import load_tool_spec
+from agentrl.tools.remote import backoff_delay, check_schemas, parse_retry_after
+from agentrl.tools.toolset import ToolSet
+
+
+def test_backoff_grows_with_jitter_and_is_capped():
+    for attempt, (low, high) in enumerate([(0.05, 0.1), (0.1, 0.2), (0.2, 0.4)]):
+        delays = [backoff_delay(attempt, 0.1, 10.0) for _ in range(200)]
+        assert low <= min(delays) and max(delays) <= high and len(set(delays)) > 100
+    assert all(backoff_delay(20, 0.1, 2.0) <= 2.0 for _ in range(50))
+
+
+def test_retry_after_parsing():
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after("0.5") == 0.5
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None  # HTTP-date form: fall back to backoff
+
+
+@pytest.mark.parametrize("schemas, message", [
+    ({"tools": []}, "JSON list"),
+    (["calculator"], "schema #0"),
+    ([{"type": "function", "function": {"description": "x"}}], "no function.name"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], "'f'.*type.*object"),
+])
+def test_invalid_schemas_name_the_service(schemas, message):
+    with pytest.raises(ToolServiceError, match=f"svc at x.*{message}|svc at x: .*{message}"):
+        check_schemas(schemas, "svc at x")
+
+
+def test_valid_schema_list_passes():
+    ok = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    assert check_schemas(ok, "svc") == ok
+
+
+def test_load_tool_spec_module_and_file(tmp_path):
+    (calc,) = load_tool_spec("agentrl.tools.builtin.calculator:calculator")
+    assert calc.name == "calculator"
+    src = tmp_path / "mine.py"
+    src.write_text("def double(x: int) -> int:\n    return 2 * x\n\ndef half(x: int) -> float:\n    return x / 2\n")
+    assert [f.__name__ for f in load_tool_spec(f"{src}:double,half")] == ["double", "half"]
+    with pytest.raises(SystemExit, match="has no 'triple'.*double"):
+        load_tool_spec(f"{src}:triple")
+    with pytest.raises(SystemExit, match="must look like"):
+        load_tool_spec("agentrl.tools.builtin.calculator")
+    with pytest.raises(SystemExit, match="cannot import"):
+        load_tool_spec("no_such_module_xyz:f")
+
+
+class Handle:
+    released = 0
+
+    def close(self) -> None:
+        Handle.released += 1
+
+
+@tool(session_factory=Handle)
+def touch(*, session: Handle) -> str:
+    """Touch the session."""
+    return "touched"
+
+
+async def test_idle_sessions_are_swept_and_unused_ones_cost_nothing():
+    Handle.released = 0
+    tools = ToolSet([touch], idle_ttl_s=0.05)
+    used, unused = tools.open_session(), tools.open_session()
+    assert (await tools.call("touch", {}, used)).content == "touched"
+    assert await tools.sweep_idle() == 0
+    await asyncio.sleep(0.1)
+    assert await tools.sweep_idle() == 2 and tools.sessions == {}
+    assert Handle.released == 1  # only the session that built a state had one to release
+    assert not await tools.close_session(used)  # closing twice is harmless
