@@ -1,10 +1,31 @@
 """Tools as HTTP services: define (`@tool`), serve (`agentrl tools serve`), discover and call (`ToolRegistry`)."""
 
-from agentrl.tools.base import (ERROR_KINDS, INFRA_ERROR_KINDS, POLICY_ERROR_KINDS, Tool, ToolError, ToolInfraError,
-                                ToolResult, tool)
+from agentrl.tools.base import (
+                                ERROR_KINDS,
+                                INFRA_ERROR_KINDS,
+                                POLICY_ERROR_KINDS,
+                                Tool,
+                                ToolError,
+                                ToolInfraError,
+                                ToolResult,
+                                tool,
+)
 from agentrl.tools.client import ToolRegistry, ToolServiceError
 from agentrl.tools.config import ServiceConfig, ToolsConfig
 from agentrl.tools.truncate import truncate_text
 
-__all__ = ["tool", "Tool", "ToolResult", "ToolError", "ToolInfraError", "ToolRegistry", "ToolServiceError",
-           "ToolsConfig", "ServiceConfig", "truncate_text", "POLICY_ERROR_KINDS", "INFRA_ERROR_KINDS", "ERROR_KINDS"]
+__all__ = [
+                                "ERROR_KINDS",
+                                "INFRA_ERROR_KINDS",
+                                "POLICY_ERROR_KINDS",
+                                "ServiceConfig",
+                                "Tool",
+                                "ToolError",
+                                "ToolInfraError",
+                                "ToolRegistry",
+                                "ToolResult",
+                                "ToolServiceError",
+                                "ToolsConfig",
+                                "tool",
+                                "truncate_text",
+]

@@ -25,8 +25,9 @@ import inspect
 import json
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pydantic
 
@@ -68,7 +69,7 @@ class ToolResult:
         return self.error_kind in INFRA_ERROR_KINDS
 
     @classmethod
-    def error(cls, kind: str, message: str, **metrics: Any) -> "ToolResult":
+    def error(cls, kind: str, message: str, **metrics: Any) -> ToolResult:
         return cls(content=message, is_error=True, error_kind=kind, metrics=dict(metrics))
 
     def to_wire(self) -> dict:
@@ -81,7 +82,7 @@ class ToolResult:
         return body
 
     @classmethod
-    def from_wire(cls, body: Any, *, where: str) -> "ToolResult":
+    def from_wire(cls, body: Any, *, where: str) -> ToolResult:
         """Parse a tool-service response body; a malformed body is the service's fault (server_error)."""
         if not isinstance(body, dict) or not isinstance(body.get("content"), str):
             return cls.error("server_error", f"{where} returned a malformed result (need a JSON object with a "
@@ -351,5 +352,15 @@ def as_tool(obj: Any) -> Tool:
     raise TypeError(f"expected a function or a @tool, got {type(obj).__name__}: {obj!r}")
 
 
-__all__ = ["ToolResult", "Tool", "tool", "as_tool", "ToolError", "ToolInfraError", "ArgumentsError",
-           "POLICY_ERROR_KINDS", "INFRA_ERROR_KINDS", "ERROR_KINDS"]
+__all__ = [
+    "ERROR_KINDS",
+    "INFRA_ERROR_KINDS",
+    "POLICY_ERROR_KINDS",
+    "ArgumentsError",
+    "Tool",
+    "ToolError",
+    "ToolInfraError",
+    "ToolResult",
+    "as_tool",
+    "tool",
+]

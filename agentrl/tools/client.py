@@ -17,9 +17,10 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, Protocol
 
 from agentrl.tools.base import ToolResult
 from agentrl.tools.config import ToolsConfig, resolve_tools_config
@@ -131,14 +132,14 @@ class ToolRegistry:
     @classmethod
     def from_functions(cls, fns: list[Callable], *, tools_kwargs: dict[str, dict] | None = None,
                        max_concurrency: int = 64, timeout_s: float = 60.0,
-                       max_output_chars: int | None = None) -> "ToolRegistry":
+                       max_output_chars: int | None = None) -> ToolRegistry:
         """In-process tools (plain typed functions or `@tool`s); ready to use without `start()`."""
         backend = LocalBackend(ToolSet(fns, defaults=tools_kwargs), max_concurrency=max_concurrency,
                                timeout_s=timeout_s)
         return cls([backend], max_concurrency=max_concurrency, max_output_chars=max_output_chars)
 
     @classmethod
-    def from_config(cls, path_or_dict: str | Path | dict | ToolsConfig) -> "ToolRegistry":
+    def from_config(cls, path_or_dict: str | Path | dict | ToolsConfig) -> ToolRegistry:
         """From a tools YAML path, a dict of the same shape, or a `ToolsConfig`."""
         from agentrl.config import load_config
 
@@ -151,7 +152,7 @@ class ToolRegistry:
         return cls.from_tools_config(cfg)
 
     @classmethod
-    def from_tools_config(cls, cfg: ToolsConfig) -> "ToolRegistry":
+    def from_tools_config(cls, cfg: ToolsConfig) -> ToolRegistry:
         from agentrl.config import import_object
         from agentrl.tools.builtin import builtin_tools
         from agentrl.tools.remote import HTTPToolService
@@ -314,12 +315,12 @@ class ToolRegistry:
         if self.http_client is not None:
             await self.http_client.aclose()
 
-    async def __aenter__(self) -> "ToolRegistry":
+    async def __aenter__(self) -> ToolRegistry:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
 
-__all__ = ["ToolRegistry", "ToolBackend", "LocalBackend", "ToolServiceError", "SessionOpenError"]
+__all__ = ["LocalBackend", "SessionOpenError", "ToolBackend", "ToolRegistry", "ToolServiceError"]

@@ -117,4 +117,4 @@ def resolve_tools_config(cfg: ToolsConfig) -> ToolsConfig:
     )
 
 
-__all__ = ["ServiceConfig", "ToolsConfig", "resolve_tools_config", "BUILTIN_TOOLS"]
+__all__ = ["BUILTIN_TOOLS", "ServiceConfig", "ToolsConfig", "resolve_tools_config"]

@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 import json
 import random
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -222,4 +223,4 @@ class HTTPToolService:
         return None  # the shared httpx client belongs to the registry
 
 
-__all__ = ["HTTPToolService", "backoff_delay", "parse_retry_after", "check_schemas"]
+__all__ = ["HTTPToolService", "backoff_delay", "check_schemas", "parse_retry_after"]

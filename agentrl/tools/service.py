@@ -22,7 +22,8 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -94,7 +95,7 @@ def create_app(tools: Iterable[Any] | ToolSet, *, defaults: dict[str, dict] | No
         except UnknownSessionError:
             return _json({"detail": f"session {body.get('session_id')!r} is not open here (closed, expired or "
                                     f"the service restarted)", "error_kind": "unknown_session"}, status=404)
-        except Exception as e:  # noqa: BLE001 - service boundary: a bug in the service, reported as a 500
+        except Exception as e:
             log.exception("tool %s crashed the service", name)
             return _json({"detail": f"tool service error in {name}: {type(e).__name__}: {e}"}, status=500)
         finally:

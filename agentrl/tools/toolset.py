@@ -15,8 +15,9 @@ import inspect
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from agentrl.tools.base import Tool, ToolInfraError, ToolResult, as_tool
 
@@ -47,7 +48,7 @@ async def release_state(state: Any) -> None:
             await state.aclose()
         elif hasattr(state, "close"):
             await _maybe_await(state.close())
-    except Exception:  # noqa: BLE001 - releasing must never take the caller down; the state is gone either way
+    except Exception:
         log.exception("releasing tool state %r failed", type(state).__name__)
 
 

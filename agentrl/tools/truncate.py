@@ -99,4 +99,4 @@ def truncate_text(text: str, *, max_tokens: int | None = None, max_chars: int | 
     return text, truncated
 
 
-__all__ = ["truncate_text", "SIDES"]
+__all__ = ["SIDES", "truncate_text"]

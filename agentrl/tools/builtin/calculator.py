@@ -30,7 +30,7 @@ _FUNCTIONS = {
 _CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 
 
-def _check_size(value: float | int) -> float | int:
+def _check_size(value: float) -> float | int:
     if isinstance(value, int) and abs(value) >= 10**MAX_INT_DIGITS:
         raise ToolError(f"result has more than {MAX_INT_DIGITS} digits")
     if isinstance(value, float) and math.isinf(value):
@@ -74,7 +74,7 @@ def _eval(node: ast.AST) -> float | int:
                     f"functions like sqrt(x)")
 
 
-def format_number(value: float | int) -> str:
+def format_number(value: float) -> str:
     """Integers exactly; floats with 12 significant digits, integral floats without a trailing .0."""
     if isinstance(value, bool):
         value = int(value)

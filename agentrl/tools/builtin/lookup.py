@@ -32,7 +32,7 @@ class KnowledgeBase:
     names: dict[str, str]  # normalized entity -> entity as written
 
     @classmethod
-    def load(cls, path: str | Path) -> "KnowledgeBase":
+    def load(cls, path: str | Path) -> KnowledgeBase:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"lookup knowledge base {p} does not exist (set tools_kwargs "
@@ -110,4 +110,4 @@ def lookup(entity: str, *, session: KnowledgeBase) -> str:
     return format_facts(name, facts)
 
 
-__all__ = ["lookup", "KnowledgeBase", "load_kb", "lookup_session", "normalize_entity", "format_facts"]
+__all__ = ["KnowledgeBase", "format_facts", "load_kb", "lookup", "lookup_session", "normalize_entity"]

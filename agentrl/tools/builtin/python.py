@@ -16,14 +16,13 @@ import weakref
 from dataclasses import dataclass
 
 from agentrl.tools.base import ToolError, ToolInfraError, tool
-from sandbox.client import (SandboxClient, SandboxInfraError, SandboxRequestError, SessionNotFoundError,
-                            cell_to_text)
+from sandbox.client import SandboxClient, SandboxInfraError, SandboxRequestError, SessionNotFoundError, cell_to_text
 
 log = logging.getLogger(__name__)
 
 # One pooled sandbox client per (event loop, sandbox url): sessions share connections; a client never crosses
 # event loops (httpx clients are bound to the loop that first used them).
-_CLIENTS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SandboxClient]]" = weakref.WeakKeyDictionary()
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SandboxClient]] = weakref.WeakKeyDictionary()
 
 
 def _client(sandbox_url: str) -> SandboxClient:
@@ -81,4 +80,4 @@ async def python(code: str, *, session: PythonSession) -> str:
     return cell_to_text(cell)
 
 
-__all__ = ["python", "python_session", "PythonSession"]
+__all__ = ["PythonSession", "python", "python_session"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from helpers import REPO_ROOT, free_port, service
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import free_port, service
 
 from agentrl.tools import ToolRegistry
-from helpers import free_port, service
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,10 @@ import sys
 
 import httpx
 import pytest
+from helpers import free_port, service
 
 from agentrl.tools import ToolRegistry
 from agentrl.tools.builtin.python import python
-from helpers import free_port, service
 
 pytestmark = pytest.mark.slow
 

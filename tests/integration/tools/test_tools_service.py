@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import free_port, service
 
 from agentrl.tools import ToolRegistry, ToolServiceError
-from helpers import free_port, service
 
 pytestmark = pytest.mark.slow
 
