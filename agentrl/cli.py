@@ -27,6 +27,7 @@ BENCH_MODULES: dict[str, str] = {
     "tools": "agentrl.tools.bench",
     "engine": "agentrl.inference.bench",
     "rollout": "agentrl.agent_loop.bench",
+    "train": "agentrl.trainer.bench",
 }
 
 
