@@ -132,6 +132,12 @@ class PaddedKVBatch:
             self.cache = DynamicCache()
         self.cache.layers = layers
 
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A compact copy of one row's valid K/V per layer: [1, kv_heads, lengths[row], head_dim]."""
+        n, width = self.lengths[row], self.width
+        return [(l.k_buf[row:row + 1, :, width - n:width].clone(), l.v_buf[row:row + 1, :, width - n:width].clone())
+                for l in self.cache.layers]
+
     def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention_mask [B, L+1], position_ids [B, 1]) for decoding one new token per row."""
         width = self.width

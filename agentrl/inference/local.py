@@ -35,6 +35,7 @@ import torch
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.kv_batch import PaddedKVBatch
+from agentrl.inference.prefix_cache import SessionPrefixCache
 from agentrl.inference.sampling import make_generator, sample_batch
 from agentrl.types import Generation, SamplingParams
 
@@ -62,6 +63,8 @@ class _Request:
     length_clamped: bool = False
     matched_stop: int | str | None = None
     finished: bool = False
+    session_id: str | None = None
+    cached_tokens: int = 0
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -106,7 +109,9 @@ class LocalEngine:
         self._by_id: dict[str, _Request] = {}
         self._closed = False
         self._batch = PaddedKVBatch(self.max_model_len)
-        self.stats = {"steps": 0, "prefills": 0, "max_rows": 0, "max_token_slots": 0}
+        self._prefix = SessionPrefixCache(self.config.prefix_cache_tokens)
+        self.stats = {"steps": 0, "prefills": 0, "prefill_tokens": 0, "cached_tokens": 0, "max_rows": 0,
+                      "max_token_slots": 0}
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
         self._thread.start()
 
@@ -138,9 +143,11 @@ class LocalEngine:
         """Continue `input_ids`; see `agentrl.inference.base.Engine.generate`.
 
         `request_id` names the request for `abort(request_id)`. Cancelling the awaiting task aborts the request
-        and frees its slot. `session_id` is accepted for protocol compatibility (one engine: no routing).
+        and frees its slot. `session_id` (the episode id) lets the next turn of the episode reuse this turn's KV
+        cache (`engine.prefix_cache_tokens`), so only the new tokens are prefilled.
         """
         request = self._make_request(list(input_ids), params, request_id)
+        request.session_id = session_id
         with self._cv:
             if self._closed:
                 raise EngineError("LocalEngine is closed; create a new engine")
@@ -231,6 +238,7 @@ class LocalEngine:
             for name, tensor in weights.items():
                 own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
             self.weight_version += 1
+            self._prefix.clear()  # KV computed with the old weights must not seed new requests
         return self.weight_version
 
     def _load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
@@ -307,11 +315,13 @@ class LocalEngine:
         for r in admitted:
             r.t_start = time.perf_counter()
             r.weight_version_start = self.weight_version
-            cache, logits = self._prefill(r.prompt)
-            self.stats["prefills"] += 1
+            hit = self._prefix.take(r.session_id, r.prompt) if r.session_id and self._prefix.max_tokens else None
+            cache, logits = self._prefill(r.prompt, hit)
+            r.cached_tokens = hit[0] if hit else 0
             (token,), (logprob,) = sample_batch(logits, [r.params], [r.generator])
             reason = self._append(r, token, logprob)
             if reason is not None:
+                self._remember(r, reason, [(l.keys, l.values) for l in cache.layers])
                 self._finish(r, reason)
                 continue
             caches.append(cache)
@@ -321,13 +331,27 @@ class LocalEngine:
         self._running.extend(joined)
         self._admitting = []
 
-    def _prefill(self, prompt: list[int]):
+    def _prefill(self, prompt: list[int], hit: tuple[int, list] | None):
+        """Run the prompt (after the reused prefix of `hit`, if any) as one row; returns (cache, last logits)."""
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        start = 0
+        if hit is not None:
+            start, kv = hit
+            for li, (k, v) in enumerate(kv):
+                cache.update(k, v, li)
+        ids = torch.tensor([prompt[start:]], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        self.stats["prefills"] += 1
+        self.stats["prefill_tokens"] += len(prompt) - start
+        self.stats["cached_tokens"] += start
         return cache, out.logits[:, -1, :].float().cpu()
+
+    def _remember(self, r: _Request, reason: str, kv: list) -> None:
+        """Keep a finished session turn's KV (prompt + output minus the last sampled token) for its next turn."""
+        if r.session_id and reason != "abort" and self._prefix.max_tokens:
+            self._prefix.put(r.session_id, r.prompt + r.out_ids[:-1], kv)
 
     def _decode(self) -> None:
         mask_B_L, pos_B_1 = self._batch.step_inputs()
@@ -344,6 +368,9 @@ class LocalEngine:
         keep = [i for i, reason in enumerate(reasons) if reason is None]
         if len(keep) != len(self._running):
             done = [(r, reason) for r, reason in zip(self._running, reasons) if reason is not None]
+            for i, (r, reason) in enumerate(zip(self._running, reasons)):
+                if reason is not None and r.session_id:
+                    self._remember(r, reason, self._batch.row_kv(i))
             self._running = [self._running[i] for i in keep]
             self._batch.keep(keep)
             for r, reason in done:  # resolve after the batch shrank, so callers see the slot free
@@ -382,6 +409,7 @@ class LocalEngine:
                 "queue_s": (r.t_start or now) - r.t_submit, "latency_s": now - r.t_submit,
                 "weight_version": self.weight_version, "weight_version_start": r.weight_version_start,
                 "length_clamped_to_context": r.length_clamped,
+                "cached_tokens": r.cached_tokens,  # prompt tokens whose KV came from the session's last turn
                 "matched_stop": r.matched_stop,  # the stop token id or stop string that ended a "stop" request
             },
         )

@@ -235,3 +235,27 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(en
         await engine.generate([3, 4, 5], SamplingParams(max_new_tokens=5, temperature=0))
     g = await engine.generate([3, 4, 5], SamplingParams(max_new_tokens=5, temperature=0))
     assert g.finish_reason == "length" and len(g.token_ids) == 5
+
+
+async def test_session_turns_reuse_kv_and_match_fresh_generation(engine):
+    prompt = _prompts(1, seed=10, lo=60, hi=60)[0]
+    sp = SamplingParams(max_new_tokens=12, temperature=0.9, seed=4)
+    turn1 = await engine.generate(prompt, sp, session_id="episode-1")
+    assert turn1.metrics["cached_tokens"] == 0
+    prompt2 = prompt + turn1.token_ids + [101, 102, 103, 104]  # + a tool observation
+    cached_before = engine.stats["cached_tokens"]
+    turn2 = await engine.generate(prompt2, sp, session_id="episode-1")
+    assert turn2.metrics["cached_tokens"] == len(prompt) + len(turn1.token_ids) - 1
+    assert engine.stats["cached_tokens"] - cached_before == turn2.metrics["cached_tokens"]
+    fresh = await engine.generate(prompt2, sp)  # no session: full prefill
+    assert fresh.metrics["cached_tokens"] == 0
+    assert turn2.token_ids == fresh.token_ids
+    ref = _trainer_logprobs(engine.model, prompt2, turn2.token_ids, 0.9)
+    assert (torch.tensor(turn2.logprobs) - ref).abs().max().item() < 1e-4
+    # a diverging prompt reuses only the shared part; a weight update drops every cached session
+    turn3 = await engine.generate(prompt2[:30] + [7] * 20, sp, session_id="episode-1")
+    assert turn3.metrics["cached_tokens"] == 30  # the part shared with turn 2's prompt + output
+    assert turn3.token_ids == (await engine.generate(prompt2[:30] + [7] * 20, sp)).token_ids
+    await engine.update_weights({k: v.clone() for k, v in engine.model.state_dict().items()})
+    again = await engine.generate(prompt2[:30] + [7] * 20 + [9], sp, session_id="episode-1")
+    assert again.metrics["cached_tokens"] == 0
