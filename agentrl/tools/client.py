@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from agentrl.tools.base import ToolResult
 from agentrl.tools.config import ToolsConfig, resolve_tools_config
+from agentrl.tools.limits import Limit
 from agentrl.tools.toolset import ToolSet, UnknownSessionError
 from agentrl.tools.truncate import truncate_text
 
@@ -46,7 +47,7 @@ class ToolBackend(Protocol):
     name: str
     call_budget_s: float  # the longest one admitted call may take, retries and backoff included
 
-    async def discover(self, limit: asyncio.Semaphore) -> list[dict]: ...  # OpenAI schemas; ToolServiceError
+    async def discover(self, limit: Limit) -> list[dict]: ...  # OpenAI schemas; ToolServiceError
     def is_stateful(self, tool: str) -> bool: ...
     async def open_session(self, tools_kwargs: dict[str, dict]) -> str: ...  # raises SessionOpenError
     async def close_session(self, session_id: str) -> None: ...
@@ -62,10 +63,10 @@ class LocalBackend:
         self.name = name
         self.timeout_s = timeout_s
         self.call_budget_s = timeout_s
-        self._own = asyncio.Semaphore(max_concurrency)
-        self._global: asyncio.Semaphore | None = None
+        self._own = Limit(max_concurrency)
+        self._global: Limit | None = None
 
-    async def discover(self, limit: asyncio.Semaphore) -> list[dict]:
+    async def discover(self, limit: Limit) -> list[dict]:
         self._global = limit
         return self.toolset.schemas()
 
@@ -116,7 +117,7 @@ class ToolRegistry:
         self.max_output_chars = max_output_chars
         self.discovery_timeout_s = discovery_timeout_s
         self.http_client = http_client  # owned: closed by aclose()
-        self._limit = asyncio.Semaphore(max_concurrency)
+        self._limit = Limit(max_concurrency)
         self._routes: dict[str, ToolBackend] = {}
         self._schemas: dict[str, dict] = {}
         self._started = False

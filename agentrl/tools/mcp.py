@@ -18,6 +18,7 @@ from typing import Any
 from agentrl.tools.base import ToolResult
 from agentrl.tools.client import ToolServiceError
 from agentrl.tools.config import ServiceConfig
+from agentrl.tools.limits import Limit
 from agentrl.tools.remote import backoff_delay
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,8 @@ class MCPToolService:
         self.cfg = cfg
         self.name = cfg.name
         self.call_budget_s = cfg.call_budget_s
-        self._own = asyncio.Semaphore(cfg.max_concurrency)
-        self._global: asyncio.Semaphore | None = None
+        self._own = Limit(cfg.max_concurrency)
+        self._global: Limit | None = None
         self._conn: _Connection | None = None
         self._conn_lock = asyncio.Lock()
         self._validators: dict[str, Any] = {}
@@ -118,7 +119,7 @@ class MCPToolService:
                 self._conn = conn
             return self._conn
 
-    async def discover(self, limit: asyncio.Semaphore) -> list[dict]:
+    async def discover(self, limit: Limit) -> list[dict]:
         import jsonschema
 
         self._global = limit

@@ -25,6 +25,7 @@ import httpx
 from agentrl.tools.base import ToolResult
 from agentrl.tools.client import SessionOpenError, ToolServiceError
 from agentrl.tools.config import ServiceConfig
+from agentrl.tools.limits import Limit
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
@@ -73,8 +74,8 @@ class HTTPToolService:
         self._transport = transport  # the client's own transport, used directly for tool calls when given
         self._headers = {"content-type": "application/json", **cfg.headers}
         self.call_budget_s = cfg.call_budget_s
-        self._own = asyncio.Semaphore(cfg.max_concurrency)
-        self._global: asyncio.Semaphore | None = None
+        self._own = Limit(cfg.max_concurrency)
+        self._global: Limit | None = None
         self._stateful: set[str] = set()
         self._timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s, pool=cfg.timeout_s)
         self.in_flight = 0  # requests on the wire now (tests and metrics read it)
@@ -89,7 +90,7 @@ class HTTPToolService:
             finally:
                 self.in_flight -= 1
 
-    async def discover(self, limit: asyncio.Semaphore) -> list[dict]:
+    async def discover(self, limit: Limit) -> list[dict]:
         self._global = limit
         where = f"tool service {self.name} ({self.cfg.url})"
         try:

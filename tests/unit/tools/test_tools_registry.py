@@ -162,3 +162,15 @@ def test_shipped_tool_configs_load():
     assert files, "configs/tools/*.yaml must exist"
     for path in files:
         load_config(ToolsConfig, path)
+
+
+def test_in_process_registry_survives_several_event_loops():
+    IN_FLIGHT.update(now=0, max=0)
+    reg = ToolRegistry.from_functions([hold, calculator], max_concurrency=2)
+
+    async def burst() -> list[str]:
+        return [r.content for r in await asyncio.gather(*(reg.call("hold", {"ms": 5}) for _ in range(6)))]
+
+    assert asyncio.run(burst()) == ["held"] * 6
+    assert asyncio.run(burst()) == ["held"] * 6  # a second loop: limits are per loop, not bound to the first
+    assert IN_FLIGHT["max"] == 2
