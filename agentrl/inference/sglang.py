@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ class SGLangEngine:
         self._start_lock: asyncio.Lock | None = None
         self._rr = itertools.count()
         self._transport = transport
+        self._background: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -83,6 +85,8 @@ class SGLangEngine:
             await asyncio.sleep(0.5)
 
     async def close(self) -> None:
+        if self._background:  # let pending aborts of cancelled requests go out first
+            await asyncio.wait(set(self._background), timeout=10.0)
         if self._clients is not None:
             await asyncio.gather(*[c.aclose() for c in self._clients])
             self._clients = None
@@ -125,8 +129,9 @@ class SGLangEngine:
             "top_logprobs_num": 0,
             "stream": False,
         }
-        if request_id is not None:
-            body["rid"] = request_id
+        # Every request carries a rid so a cancelled call (episode timeout) can stop the server's work on it.
+        rid = request_id or uuid.uuid4().hex
+        body["rid"] = rid
         tried: set[int] = set()
         last_error = ""
         for attempt in range(self.config.connect_retries + 1):
@@ -134,6 +139,9 @@ class SGLangEngine:
             self.in_flight[idx] += 1
             try:
                 r = await self._http()[idx].post("/generate", json=body)
+            except asyncio.CancelledError:
+                self._abort_in_background(idx, rid)
+                raise
             except _RETRYABLE as e:
                 last_error = f"{self.urls[idx]}: {type(e).__name__}: {e}"
             else:
@@ -154,6 +162,17 @@ class SGLangEngine:
                 tried.clear()
             await asyncio.sleep(self.config.retry_backoff_s * (2 ** attempt))
         raise EngineError(f"SGLang generate failed after {self.config.connect_retries + 1} attempts: {last_error}")
+
+    def _abort_in_background(self, idx: int, rid: str) -> None:
+        async def send() -> None:
+            try:
+                await self._http()[idx].post("/abort_request", json={"rid": rid}, timeout=10.0)
+            except httpx.HTTPError:
+                pass  # best effort: the server finishes the request and nobody reads the answer
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _parse(self, r: httpx.Response, idx: int) -> Generation:
         try:

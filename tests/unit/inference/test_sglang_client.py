@@ -139,3 +139,19 @@ def test_launcher_command_lines_spread_gpus():
     assert spec.urls == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
     with pytest.raises(ValueError, match="need 4 GPUs"):
         SGLangLaunchSpec(model_path="m", num_servers=2, tp=2, gpus=[0, 1])
+
+
+async def test_cancelled_generate_aborts_its_request_on_the_server():
+    fake = FakeServers(delay=0.5)
+    eng = _engine(fake)
+    task = asyncio.create_task(eng.generate([1], SamplingParams(max_new_tokens=2), request_id="ep7-turn2"))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.05)
+    aborts = [(host, b) for host, path, b in fake.calls if path == "/abort_request"]
+    generates = [host for host, path, _ in fake.calls if path == "/generate"]
+    assert aborts == [(generates[0], {"rid": "ep7-turn2"})]
+    assert eng.in_flight == [0, 0]
+    await eng.close()
