@@ -59,9 +59,10 @@ def _leaf(error: BaseException | None) -> BaseException | None:
 class _Connection:
     """An open MCP client owned by one background task; `close()` asks that task to leave the context."""
 
-    def __init__(self, url: str, timeout_s: float):
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str] | None = None):
         self.url = url
         self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
         self.client: Any = None
         self.ready = asyncio.Event()
         self.stop = asyncio.Event()
@@ -72,7 +73,16 @@ class _Connection:
         from mcp import Client
 
         try:
-            async with Client(self.url, read_timeout_seconds=self.timeout_s) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                server: Any = self.url
+                if self.headers:  # e.g. Authorization: the SDK takes them on its own HTTP client
+                    import httpx2
+                    from mcp.client.streamable_http import streamable_http_client
+
+                    http = await stack.enter_async_context(httpx2.AsyncClient(
+                        headers=self.headers, timeout=httpx2.Timeout(30.0, read=300.0)))
+                    server = streamable_http_client(self.url, http_client=http)
+                client = await stack.enter_async_context(Client(server, read_timeout_seconds=self.timeout_s))
                 self.client = client
                 self.ready.set()
                 await self.stop.wait()
@@ -108,7 +118,7 @@ class MCPToolService:
             if self._conn is None or not self._conn.alive:
                 if self._conn is not None:
                     await self._conn.close()
-                conn = _Connection(self.cfg.url, self.cfg.timeout_s)
+                conn = _Connection(self.cfg.url, self.cfg.timeout_s, self.cfg.headers)
                 try:
                     await asyncio.wait_for(conn.ready.wait(), self.cfg.connect_timeout_s + self.cfg.timeout_s)
                 except TimeoutError:

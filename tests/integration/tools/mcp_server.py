@@ -33,10 +33,25 @@ def explode(reason: str) -> str:
     raise ValueError(reason)
 
 
+SEEN_AUTH: set[str] = set()
+
+
 @server.custom_route("/health", methods=["GET"])
 async def health(request: Request) -> JSONResponse:
-    return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "ok", "seen_authorization": sorted(SEEN_AUTH)})
+
+
+def record_auth(app):
+    """ASGI middleware remembering Authorization headers, so the test can check a client sent them."""
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "http":
+            for key, value in scope["headers"]:
+                if key == b"authorization":
+                    SEEN_AUTH.add(value.decode())
+        await app(scope, receive, send)
+    return wrapped
 
 
 if __name__ == "__main__":
-    uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    uvicorn.run(record_auth(server.streamable_http_app()), host="127.0.0.1", port=int(sys.argv[1]),
+                log_level="warning")

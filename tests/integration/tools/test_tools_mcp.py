@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from helpers import free_port, service
 
@@ -41,6 +42,14 @@ async def test_mcp_round_trip_next_to_builtin_tools(mcp_url):
         assert failed.error_kind == "tool_error" and not failed.infra_error
         async with reg.episode_session() as session:  # MCP tools ignore episode sessions but accept them
             assert (await reg.call("add", {"a": 1, "b": 1}, session=session)).content == "2"
+
+
+async def test_mcp_with_custom_headers(mcp_url):
+    config = {"services": [{"url": mcp_url, "kind": "mcp", "name": "auth", "headers": {"Authorization": "Bearer t"}}]}
+    async with ToolRegistry.from_config(config) as reg:
+        assert (await reg.call("add", {"a": 5, "b": 5})).content == "10"
+    health = httpx.get(mcp_url.removesuffix("/mcp") + "/health").json()
+    assert health["seen_authorization"] == ["Bearer t"]
 
 
 async def test_unreachable_mcp_call_is_infra_error(mcp_url):
