@@ -225,5 +225,14 @@ def mini_batches(size: int, mini_batch_size: int, *, epochs: int = 1, shuffle: b
     return out
 
 
-__all__ = ["episodes_to_batch", "sft_batch", "MicroBatchPlan", "plan_micro_batches", "take_rows", "materialize",
-           "scatter_rows", "mini_batches", "TOKEN_KEYS"]
+__all__ = [
+    "TOKEN_KEYS",
+    "MicroBatchPlan",
+    "episodes_to_batch",
+    "materialize",
+    "mini_batches",
+    "plan_micro_batches",
+    "scatter_rows",
+    "sft_batch",
+    "take_rows",
+]

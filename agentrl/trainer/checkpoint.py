@@ -118,5 +118,15 @@ def load_driver_state(path: Path) -> dict:
     return state
 
 
-__all__ = ["begin_checkpoint", "commit_checkpoint", "list_checkpoints", "latest_checkpoint", "resolve_resume",
-           "prune_checkpoints", "checkpoint_step", "save_driver_state", "load_driver_state", "is_complete"]
+__all__ = [
+    "begin_checkpoint",
+    "checkpoint_step",
+    "commit_checkpoint",
+    "is_complete",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_driver_state",
+    "prune_checkpoints",
+    "resolve_resume",
+    "save_driver_state",
+]

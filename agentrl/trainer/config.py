@@ -184,5 +184,13 @@ class TrainConfig:
                              f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}); both count prompts")
 
 
-__all__ = ["ModelConfig", "DataConfig", "ActorConfig", "AlgorithmConfig", "TrainerConfig", "TrainConfig",
-           "LOSS_AGG_MODES", "KL_TYPES"]
+__all__ = [
+    "KL_TYPES",
+    "LOSS_AGG_MODES",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "DataConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "TrainerConfig",
+]

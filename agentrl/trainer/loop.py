@@ -29,10 +29,22 @@ import torch
 from agentrl.config import save_config, to_dict
 from agentrl.trainer.algos import grpo_advantages
 from agentrl.trainer.batch import episodes_to_batch
-from agentrl.trainer.checkpoint import (begin_checkpoint, checkpoint_step, commit_checkpoint, load_driver_state,
-                                        prune_checkpoints, resolve_resume, save_driver_state)
+from agentrl.trainer.checkpoint import (
+    begin_checkpoint,
+    checkpoint_step,
+    commit_checkpoint,
+    load_driver_state,
+    prune_checkpoints,
+    resolve_resume,
+    save_driver_state,
+)
 from agentrl.trainer.config import TrainConfig
-from agentrl.trainer.metrics import MetricsLogger, advantage_metrics, drift_metrics, episode_metrics
+from agentrl.trainer.metrics import (
+    MetricsLogger,
+    advantage_metrics,
+    drift_metrics,
+    episode_metrics,
+)
 from agentrl.trainer.weight_sync import sync_weights
 from agentrl.types import Episode, Task
 
@@ -285,5 +297,14 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     return asyncio.run(run(cfg))
 
 
-__all__ = ["train", "run", "train_step", "collect_episodes", "validate", "TaskSampler", "save_checkpoint",
-           "group_by_uid", "has_signal"]
+__all__ = [
+    "TaskSampler",
+    "collect_episodes",
+    "group_by_uid",
+    "has_signal",
+    "run",
+    "save_checkpoint",
+    "train",
+    "train_step",
+    "validate",
+]

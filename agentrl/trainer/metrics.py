@@ -169,5 +169,12 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-__all__ = ["episode_metrics", "advantage_metrics", "drift_metrics", "console_line", "MetricsLogger",
-           "read_metrics", "SUCCESS_REWARD"]
+__all__ = [
+    "SUCCESS_REWARD",
+    "MetricsLogger",
+    "advantage_metrics",
+    "console_line",
+    "drift_metrics",
+    "episode_metrics",
+    "read_metrics",
+]

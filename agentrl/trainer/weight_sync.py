@@ -74,4 +74,4 @@ async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: 
     raise ValueError(f"engine.backend {backend!r}: weight sync supports 'local' and 'sglang'")
 
 
-__all__ = ["write_hf_checkpoint", "sync_weights"]
+__all__ = ["sync_weights", "write_hf_checkpoint"]

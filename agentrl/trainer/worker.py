@@ -17,7 +17,6 @@ multiplied by the world size before backward.
 from __future__ import annotations
 
 import math
-import os
 import random
 import socket
 from collections import defaultdict
@@ -27,9 +26,21 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from agentrl.trainer.algos import (agg_loss, entropy_from_logits, kl_penalty, logprobs_from_logits, masked_sum,
-                                   policy_loss_vanilla)
-from agentrl.trainer.batch import MicroBatchPlan, materialize, mini_batches, plan_micro_batches, scatter_rows
+from agentrl.trainer.algos import (
+    agg_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_sum,
+    policy_loss_vanilla,
+)
+from agentrl.trainer.batch import (
+    MicroBatchPlan,
+    materialize,
+    mini_batches,
+    plan_micro_batches,
+    scatter_rows,
+)
 from agentrl.trainer.config import ActorConfig, ModelConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,6 +77,7 @@ class PolicyWorker:
         self.deterministic = deterministic
         self.skipped_steps = 0
         self.optimizer_steps = 0
+        self._owns_group = False  # True when setup() created the torch.distributed group (and must destroy it)
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -73,7 +85,9 @@ class PolicyWorker:
         """(address, free port) for the process-group rendezvous, asked of rank 0."""
         if self.world_size == 1:
             return "127.0.0.1", _free_port()
-        return socket.gethostbyname(socket.gethostname()), _free_port()
+        import ray
+
+        return ray.util.get_node_ip_address(), _free_port()
 
     def setup(self, master_addr: str, master_port: int) -> None:
         import torch.distributed as dist
@@ -85,10 +99,13 @@ class PolicyWorker:
             torch.use_deterministic_algorithms(True)
         use_cuda = self.actor.num_gpus_per_worker > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-        if not dist.is_initialized():
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
             dist.init_process_group("nccl" if use_cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
                                     rank=self.rank, world_size=self.world_size)
-        self._owns_group = True
+        elif dist.get_world_size() != self.world_size:
+            raise RuntimeError(f"a torch.distributed group of size {dist.get_world_size()} already exists in this "
+                               f"process; actor.world_size is {self.world_size}")
         torch.manual_seed(self.seed)
         random.seed(self.seed)
         self.model = self._load(trainable=True)
@@ -116,6 +133,7 @@ class PolicyWorker:
         if not trainable:
             model.requires_grad_(False)
             model.eval()
+        model.to(self.device)  # FSDP2 shards the parameters where they are
         kwargs = {}
         if self.device.type == "cuda" and self.model_cfg.mixed_precision != "none":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.model_cfg.mixed_precision],
@@ -127,8 +145,6 @@ class PolicyWorker:
         for layer in layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
-        if self.device.type == "cuda":
-            model.to(self.device)
         return model
 
     # ---------------------------------------------------------------------------------------------- forward
@@ -165,7 +181,7 @@ class PolicyWorker:
         need_entropy = a.entropy_coeff != 0 or a.calculate_entropy
         logp, ent = self._forward(self.model, mb, temperature, need_entropy)
         mask = mb["loss_mask"].to(self.device)
-        agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, scale_factor=a.loss_scale_factor)
+        agg = {"num_tokens": num_tokens, "num_seqs": num_seqs, "scale_factor": a.loss_scale_factor}
         pg_loss, pg_stats = policy_loss_vanilla(
             logp, mb["old_logprobs"].to(self.device), mb["advantages"].to(self.device), mask,
             clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
@@ -297,7 +313,10 @@ class PolicyWorker:
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Unsharded CPU state dict (collective: every rank must call); rank 0 returns it, others None."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
@@ -322,7 +341,10 @@ class PolicyWorker:
 
     def load_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_state_dict,
+            set_state_dict,
+        )
 
         extra_path = Path(path) / f"worker_rank{self.rank}.pt"
         if not extra_path.is_file():
@@ -343,7 +365,7 @@ class PolicyWorker:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
 
@@ -358,8 +380,8 @@ class WorkerGroup:
                  seed: int = 0, deterministic: bool = False, use_ray: bool = True):
         self.model_cfg, self.actor, self.use_ray = model, actor, use_ray
         self.world_size = actor.world_size
-        kwargs = dict(world_size=self.world_size, with_ref=with_ref, total_steps=total_steps, seed=seed,
-                      deterministic=deterministic)
+        kwargs = {"world_size": self.world_size, "with_ref": with_ref, "total_steps": total_steps, "seed": seed,
+                      "deterministic": deterministic}
         if use_ray:
             import ray
 

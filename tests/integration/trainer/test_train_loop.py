@@ -7,7 +7,6 @@ import json
 import sys
 
 import pytest
-
 from helpers import free_port, service
 
 from agentrl.config import load_config

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import random
 
 import pytest
 import torch
 
-from agentrl.trainer.batch import (episodes_to_batch, materialize, mini_batches, plan_micro_batches, scatter_rows,
-                                   sft_batch, take_rows)
+from agentrl.trainer.batch import (
+    episodes_to_batch,
+    materialize,
+    mini_batches,
+    plan_micro_batches,
+    scatter_rows,
+    sft_batch,
+    take_rows,
+)
 from agentrl.types import Episode
 
 
@@ -94,7 +103,7 @@ def test_scatter_rows_inverts_materialize():
 def test_mini_batches_are_seeded_permutations_per_epoch():
     steps = mini_batches(10, 4, epochs=2, shuffle=True, seed=3)
     assert [len(s) for s in steps] == [4, 4, 2, 4, 4, 2]
-    assert sorted(sum(steps[:3], [])) == list(range(10))
+    assert sorted(functools.reduce(operator.iadd, steps[:3], [])) == list(range(10))
     assert steps == mini_batches(10, 4, epochs=2, shuffle=True, seed=3)
     assert mini_batches(5, 5, shuffle=False) == [[0, 1, 2, 3, 4]]
 

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.trainer.checkpoint import (begin_checkpoint, commit_checkpoint, latest_checkpoint, list_checkpoints,
-                                        load_driver_state, prune_checkpoints, resolve_resume, save_driver_state)
+from agentrl.trainer.checkpoint import (
+    begin_checkpoint,
+    commit_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_driver_state,
+    prune_checkpoints,
+    resolve_resume,
+    save_driver_state,
+)
 
 
 def make(run_dir, step: int, *, commit: bool = True):

@@ -66,7 +66,7 @@ async def test_zero_variance_groups_are_refilled_from_new_tasks():
 async def test_filter_gives_up_after_max_rounds():
     tasks = [task("flat", [1, 1, 1])]
     rollout = ScriptedRollout(3)
-    episodes, stats, _ = await collect_episodes(rollout, TaskSampler(tasks, 2, shuffle=False, seed=0),
+    episodes, _stats, _ = await collect_episodes(rollout, TaskSampler(tasks, 2, shuffle=False, seed=0),
                                                 cfg("algorithm.filter_zero_variance_groups=true",
                                                     "algorithm.max_filter_rounds=2"), step=1)
     assert episodes == [] and rollout.calls == 3

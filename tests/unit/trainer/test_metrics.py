@@ -7,7 +7,12 @@ import json
 
 import torch
 
-from agentrl.trainer.metrics import MetricsLogger, drift_metrics, episode_metrics, read_metrics
+from agentrl.trainer.metrics import (
+    MetricsLogger,
+    drift_metrics,
+    episode_metrics,
+    read_metrics,
+)
 from agentrl.types import Episode
 
 

@@ -4,6 +4,7 @@ gradient, masked tokens get none, a non-finite gradient skips the step, checkpoi
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import pytest
@@ -129,9 +130,9 @@ def test_checkpoint_round_trip_restores_weights_and_schedule(group, batch, tmp_p
 
 
 def test_lr_schedule_warms_up_then_decays():
-    f = dict(warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
+    f = {"warmup_steps": 2, "total_steps": 10, "min_lr_ratio": 0.1}
     assert [lr_factor(s, schedule="constant", **f) for s in (0, 1, 5)] == [0.5, 1.0, 1.0]
     cos = [lr_factor(s, schedule="cosine", **f) for s in range(12)]
     assert cos[:2] == [0.5, 1.0] and cos[2] == 1.0
-    assert all(a >= b for a, b in zip(cos[2:], cos[3:]))
+    assert all(a >= b for a, b in itertools.pairwise(cos[2:]))
     assert abs(cos[10] - 0.1) < 1e-9 and abs(cos[11] - 0.1) < 1e-9
