@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -83,24 +84,30 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _teach_tool_calls(model, tokenizer, schemas: list[dict], turns: int, steps: int) -> float:
-    """Fine-tune `model` in place on transcripts whose every assistant turn calls `wait`; returns the last loss."""
+def teach_tool_calls(model, tokenizer, schemas: list[dict], *, questions: list[str], turns: int, steps: int,
+                     tool_name: str = "wait", arguments: dict | None = None, turn_text: str = TURN_TEXT,
+                     lr: float = 5e-3) -> float:
+    """Fine-tune `model` in place on transcripts (one per question) whose every assistant turn is `turn_text`
+    plus a call of `tool_name` with `arguments`, answered "ok"; loss on the assistant tokens only.
+    Returns the last loss. Used by this bench and the end-to-end tests to get a tiny model that calls tools."""
     import torch
 
     from agentrl.agent_loop.chat import ChatTemplate
 
+    arguments = arguments or {}
     template = ChatTemplate(tokenizer, schemas)
-    call = {"id": "c", "type": "function", "function": {"name": "wait", "arguments": {}}}
-    turn_ids = tokenizer.encode(TURN_TEXT + '\n<tool_call>\n{"name": "wait", "arguments": {}}\n</tool_call>',
+    call = {"id": "c", "type": "function", "function": {"name": tool_name, "arguments": arguments}}
+    block = json.dumps({"name": tool_name, "arguments": arguments}, ensure_ascii=False)
+    turn_ids = tokenizer.encode(f"{turn_text}\n<tool_call>\n{block}\n</tool_call>",
                                 add_special_tokens=False) + [template.end_of_turn_id]
     rows = []
-    for question in QUESTIONS:
+    for question in questions:
         messages = [{"role": "user", "content": question}]
         ids = template.prompt_ids(messages)
         labels = [-100] * len(ids)
         for t in range(turns):
             ids, labels = ids + turn_ids, labels + turn_ids
-            messages.append({"role": "assistant", "content": TURN_TEXT, "tool_calls": [call]})
+            messages.append({"role": "assistant", "content": turn_text, "tool_calls": [call]})
             if t < turns - 1:
                 observation = [{"role": "tool", "content": "ok"}]
                 glue = template.delta_ids(messages, observation).ids
@@ -113,7 +120,7 @@ def _teach_tool_calls(model, tokenizer, schemas: list[dict], turns: int, steps: 
     label_ids = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
     attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
         loss = model(input_ids=input_ids, attention_mask=attention, labels=label_ids).loss
@@ -167,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
             model = AutoModelForCausalLM.from_pretrained(model_dir)
             schemas = ToolRegistry.from_functions([wait]).schemas()
             t0 = time.perf_counter()
-            loss = _teach_tool_calls(model, tokenizer, schemas, args.turns, args.train_steps)
+            loss = teach_tool_calls(model, tokenizer, schemas, questions=QUESTIONS, turns=args.turns,
+                                    steps=args.train_steps)
             print(f"taught the tiny model the wait call: {args.train_steps} steps, {time.perf_counter() - t0:.1f}s, "
                   f"final loss {loss:.4f}")
             engine = LocalEngine(model, tokenizer, EngineConfig(max_batch_size=args.engine_batch))

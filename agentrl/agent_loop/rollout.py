@@ -42,6 +42,8 @@ class RolloutManager:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         check_reward_specs(tasks, self.reward_config)
+        if self.tools is not None:
+            await self.tools.start()  # discovers remote tool schemas (idempotent)
         self._check_tool_names(tasks)
         slots = asyncio.Semaphore(self.rollout_config.max_concurrent_episodes)
         progress = _progress(len(tasks) * n, f"rollout step {step}")
