@@ -6,6 +6,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentrl.agent_loop.parsers import PARSERS
 from agentrl.config import ConfigError, import_object
 
 
@@ -29,8 +30,6 @@ class AgentLoopConfig:
     max_model_len: int | None = None  # context window; None: take it from the engine (`engine.max_model_len`)
 
     def __post_init__(self) -> None:
-        from agentrl.agent_loop.parsers import PARSERS
-
         for name in ("max_assistant_turns", "max_response_tokens", "max_new_tokens_per_turn",
                      "max_tool_response_tokens", "max_parallel_calls"):
             if getattr(self, name) < 1:

@@ -62,7 +62,7 @@ class RolloutManager:
             if progress is not None:
                 progress.close()
         episodes = [r.result() for r in running]
-        if self.run_dir is not None and self.rollout_config.dump_episodes:
+        if self.run_dir is not None and self.rollout_config.dump_episodes and episodes:
             write_episodes(self.run_dir / EPISODES_FILE, episodes, step=step, n=n)
         return episodes
 

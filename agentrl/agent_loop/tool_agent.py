@@ -152,7 +152,11 @@ class ToolAgentLoop:
                 limits["context_window"] = window - used
             cause = min(limits, key=limits.get)
             if limits[cause] < 1:
-                state.finish("length", cause)
+                if cause == "context_window" and state.num_turns == 0:  # the task's prompt alone fills the window
+                    state.metrics["infra_detail"] = f"prompt of {used} tokens does not fit max_model_len {window}"
+                    state.finish("infra_error", "prompt_too_long", infra=True)
+                else:
+                    state.finish("length", cause)
                 return
             params = SamplingParams(
                 max_new_tokens=limits[cause], temperature=sampling.temperature, top_p=sampling.top_p,

@@ -219,3 +219,10 @@ async def test_no_tool_registry(tiny_tokenizer):
     loop, _, task = make(tiny_tokenizer, None, [model_turn("", [("add", {"a": 1, "b": 1})]), "4"])
     episode = await loop.run(task)
     assert episode.tool_calls[0]["error_kind"] == "unknown_tool" and "none" in episode.messages[2]["content"]
+
+
+async def test_prompt_longer_than_the_context_window_is_infra_error(tiny_tokenizer, registry):
+    loop, engine, task = make(tiny_tokenizer, registry, ["never"], max_model_len=10)
+    episode = await loop.run(task)
+    assert (episode.finish_reason, episode.metrics["stop_detail"]) == ("infra_error", "prompt_too_long")
+    assert episode.infra_error and engine.calls == []

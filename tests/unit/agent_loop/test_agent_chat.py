@@ -1,0 +1,84 @@
+"""ChatTemplate: end-of-turn detection, the glue between turns, and templates that are not append-only."""
+
+from __future__ import annotations
+
+import pytest
+from scripted_engine import ScriptedEngine, model_turn
+
+from agentrl.agent_loop import AgentLoopConfig, ToolAgentLoop
+from agentrl.agent_loop.chat import ChatTemplate, TemplateError
+from agentrl.types import Task
+
+# Qwen3-like: the <think> part of an assistant turn is dropped once the turn is no longer the last message.
+DROPS_PAST_THINKING = """
+{%- for m in messages -%}
+{%- if m.role == 'assistant' -%}
+{%- set c = m.content -%}
+{%- if not loop.last and '</think>' in c -%}{%- set c = c.split('</think>')[-1] -%}{%- endif -%}
+{{- '<|im_start|>assistant\\n' + c -}}
+{%- for tc in m.tool_calls or [] -%}
+{{- '\\n<tool_call>\\n{"name": "' + tc.function.name + '", "arguments": ' + (tc.function.arguments | tojson) + '}\\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\\n' -}}
+{%- elif m.role == 'tool' -%}
+{{- '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
+"""
+# Rewrites its first line whenever a message is added: no base conversation can make it append-only.
+COUNTS_MESSAGES = "{{ messages | length }} messages\n" + DROPS_PAST_THINKING
+
+
+@pytest.fixture
+def fresh_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_end_of_turn_is_im_end(tokenizer):
+    template = ChatTemplate(tokenizer)
+    assert template.end_of_turn == "<|im_end|>"
+    assert template.end_of_turn_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_prompt_ids_end_with_generation_prompt(tokenizer):
+    ids = ChatTemplate(tokenizer).prompt_ids([{"role": "user", "content": "hi"}])
+    assert tokenizer.decode(ids).endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+async def test_template_that_drops_past_thinking_uses_the_minimal_base(fresh_tokenizer, registry):
+    fresh_tokenizer.chat_template = DROPS_PAST_THINKING
+    script = [model_turn("<think>I should add.</think>Adding.", [("add", {"a": 1, "b": 2})]), "3"]
+    engine = ScriptedEngine(fresh_tokenizer, script)
+    loop = ToolAgentLoop(engine, fresh_tokenizer, registry, AgentLoopConfig())
+    episode = await loop.run(Task(prompt=[{"role": "user", "content": "1+2?"}]))
+    assert episode.finish_reason == "stop" and episode.metrics["template_minimal_base"] == 1
+    assert "template_full" not in episode.metrics
+    full = episode.prompt_ids + episode.response_ids
+    first, second = engine.calls
+    assert second.input_ids == full[:len(second.input_ids)]  # the model saw its own thinking, unchanged
+    assert "<think>I should add.</think>" in fresh_tokenizer.decode(second.input_ids)
+    glue = second.input_ids[len(first.input_ids) + len(first.output.token_ids):]
+    assert fresh_tokenizer.decode(glue) == ("\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n"
+                                            "<|im_start|>assistant\n")
+    sampled = [m for m in episode.response_mask if m]
+    assert len(sampled) == len(first.output.token_ids) + len(second.output.token_ids)
+
+
+def test_template_that_is_never_append_only_fails_loudly(fresh_tokenizer):
+    fresh_tokenizer.chat_template = COUNTS_MESSAGES
+    template = ChatTemplate(fresh_tokenizer)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    with pytest.raises(TemplateError, match="not append-only"):
+        template.delta_ids(messages, [{"role": "tool", "content": "r"}])
+
+
+def test_template_without_a_special_end_of_turn_is_rejected(fresh_tokenizer):
+    fresh_tokenizer.chat_template = ("{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}"
+                                     "{% if add_generation_prompt %}### assistant: {% endif %}")
+    with pytest.raises(TemplateError, match="end of a model turn cannot be detected"):
+        ChatTemplate(fresh_tokenizer)
