@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "agentrl.evaluation.cli",
     "sandbox.cli",
     "agentrl.trainer.cli",
+    "agentrl.trainer.sft",
 ]
 
 # `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).
@@ -27,6 +28,7 @@ BENCH_MODULES: dict[str, str] = {
     "tools": "agentrl.tools.bench",
     "engine": "agentrl.inference.bench",
     "rollout": "agentrl.agent_loop.bench",
+    "sandbox": "sandbox.bench",
     "train": "agentrl.trainer.bench",
 }
 

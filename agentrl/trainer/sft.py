@@ -1,0 +1,228 @@
+"""Supervised fine-tuning (cold start) on multi-turn tool transcripts, through the same FSDP worker as RL.
+
+The masking matches RL exactly: a transcript is tokenized with the chat template the agent loop uses, and only
+the tokens the policy would have sampled get loss_mask = 1 -- an assistant message's content (tool-call blocks
+included) and its end-of-turn token. System, user and tool tokens, the generation prompt
+(`<|im_start|>assistant\\n`) and the glue after the end-of-turn token (Qwen's `\\n`) get 0, as they get
+response_mask = 0 in RL.
+
+    agentrl sft configs/sft_tiny_cpu.yaml data.train_files=[demos.jsonl] model.path=runs/m
+
+Demonstration rows (JSONL): {"messages": [OpenAI messages], "tools": [OpenAI function schemas] | null}
+(`agentrl data demos SUITE OUT.jsonl` writes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentrl.trainer.config import ActorConfig, ModelConfig
+
+
+@dataclass
+class SFTDataConfig:
+    train_files: list[str] = field(default_factory=list)  # JSONL rows {"messages": [...], "tools": [...]}
+    max_length: int = 2048  # transcripts longer than this (in tokens) are skipped and counted
+    shuffle: bool = True
+
+
+@dataclass
+class SFTRunConfig:
+    epochs: int = 1
+    batch_size: int = 16  # transcripts per optimizer step
+    max_steps: int | None = None  # stop early after this many optimizer steps
+    run_dir: str = "runs/sft"  # sft_metrics.jsonl, config.yaml
+    output_dir: str | None = None  # where the fine-tuned HF model is saved; None: <run_dir>/model
+    seed: int = 0
+    log_freq: int = 10  # console line every N steps (metrics.jsonl gets every step)
+    use_ray: bool = False  # True: FSDP ranks as Ray actors (actor.world_size of them); False: one in-process rank
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError("sft.epochs and sft.batch_size must be >= 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"sft.max_steps must be >= 1 or null, got {self.max_steps}")
+
+
+@dataclass
+class SFTConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    actor: ActorConfig = field(default_factory=lambda: ActorConfig(lr=1e-3, weight_decay=0.0, warmup_steps=10))
+    sft: SFTRunConfig = field(default_factory=SFTRunConfig)
+
+
+def encode_transcript(chat, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) of one transcript; `chat` is an `agentrl.agent_loop.chat.ChatTemplate`.
+
+    Rendered at assistant-turn boundaries only, so templates that group consecutive tool messages into one turn
+    (Qwen2.5) are fine. Raises TemplateError when the template is not append-only at those boundaries or when
+    piecewise encoding would differ from encoding the whole text (the ids must be what the model would see).
+    """
+    from agentrl.agent_loop.chat import TemplateError
+
+    if not any(m.get("role") == "assistant" for m in messages):
+        raise ValueError("transcript has no assistant message: nothing to learn")
+    ids: list[int] = []
+    mask: list[int] = []
+    done = ""
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        start = chat.render(messages[:i], add_generation_prompt=True)
+        end = chat.render(messages[: i + 1])
+        if not start.startswith(done) or not end.startswith(start):
+            raise TemplateError(f"chat template is not append-only at assistant message {i}: SFT masks would "
+                                "not match what the agent loop trains")
+        turn = end[len(start):]
+        cut = turn.find(chat.end_of_turn)
+        if cut < 0:
+            raise TemplateError(f"assistant message {i} renders without the end-of-turn token {chat.end_of_turn!r}")
+        cut += len(chat.end_of_turn)
+        for text, flag in ((start[len(done):], 0), (turn[:cut], 1), (turn[cut:], 0)):
+            piece = chat.encode(text) if text else []
+            ids += piece
+            mask += [flag] * len(piece)
+        done = end
+    if done != chat.render(messages):  # trailing non-assistant messages are not trained
+        tail = chat.render(messages)[len(done):]
+        piece = chat.encode(tail)
+        ids += piece
+        mask += [0] * len(piece)
+    if ids != chat.encode(chat.render(messages)):
+        raise TemplateError("encoding the transcript turn by turn gives other ids than encoding it whole; the "
+                            "tokenizer merges across a turn boundary")
+    return ids, mask
+
+
+def load_demos(paths: list[str]) -> list[dict]:
+    """Read SFT rows, failing with the file, row number and field on a malformed row."""
+    rows = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"SFT data file {p} does not exist (make one with `agentrl data demos`)")
+        for n, line in enumerate(p.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p}:{n}: not valid JSON ({e})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not row["messages"]:
+                raise ValueError(f"{p}:{n}: field 'messages' must be a non-empty list of chat messages")
+            if row.get("tools") is not None and not isinstance(row["tools"], list):
+                raise ValueError(f"{p}:{n}: field 'tools' must be a list of OpenAI function schemas or null")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"no SFT rows in {paths}")
+    return rows
+
+
+def _schemas_key(tools) -> str:
+    return json.dumps(tools, sort_keys=True)
+
+
+def tokenize_demos(tokenizer, rows: list[dict], max_length: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """Encode every row; returns (sequences, number skipped for exceeding max_length)."""
+    from agentrl.agent_loop.chat import ChatTemplate
+
+    templates: dict[str, ChatTemplate] = {}
+    sequences, skipped = [], 0
+    for row in rows:
+        key = _schemas_key(row.get("tools"))
+        if key not in templates:
+            templates[key] = ChatTemplate(tokenizer, row.get("tools"))
+        ids, mask = encode_transcript(templates[key], row["messages"])
+        if len(ids) > max_length:
+            skipped += 1
+            continue
+        sequences.append((ids, mask))
+    return sequences, skipped
+
+
+def run_sft(cfg: SFTConfig) -> dict:
+    """Fine-tune `cfg.model.path` on the demonstrations; saves the model and returns the final metrics."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl.config import save_config
+    from agentrl.trainer.batch import sft_batch
+    from agentrl.trainer.worker import WorkerGroup
+
+    run_dir = Path(cfg.sft.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir)
+    out_dir = Path(cfg.sft.output_dir or run_dir / "model")
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+    sequences, skipped = tokenize_demos(tokenizer, load_demos(cfg.data.train_files), cfg.data.max_length)
+    if not sequences:
+        raise ValueError(f"every SFT transcript is longer than data.max_length={cfg.data.max_length}")
+    steps_per_epoch = max(1, len(sequences) // cfg.sft.batch_size)
+    total = steps_per_epoch * cfg.sft.epochs
+    if cfg.sft.max_steps is not None:
+        total = min(total, cfg.sft.max_steps)
+    print(f"sft: {len(sequences)} transcripts ({skipped} skipped > {cfg.data.max_length} tokens), "
+          f"{sum(sum(m) for _, m in sequences)} trained tokens, {total} steps of {cfg.sft.batch_size}", flush=True)
+
+    if cfg.sft.use_ray:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False)
+    workers = WorkerGroup(cfg.model, cfg.actor, total_steps=total, seed=cfg.sft.seed, use_ray=cfg.sft.use_ray)
+    rng = random.Random(cfg.sft.seed)
+    metrics: dict = {}
+    step, start = 0, time.perf_counter()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    try:
+        with open(run_dir / "sft_metrics.jsonl", "a") as log:
+            while step < total:
+                order = list(range(len(sequences)))
+                if cfg.data.shuffle:
+                    rng.shuffle(order)
+                for k in range(steps_per_epoch):
+                    if step >= total:
+                        break
+                    chosen = [sequences[i] for i in order[k * cfg.sft.batch_size:(k + 1) * cfg.sft.batch_size]]
+                    metrics = workers.update_sft(sft_batch(chosen, pad))
+                    step += 1
+                    metrics = {"step": step, "elapsed_s": round(time.perf_counter() - start, 2), **metrics}
+                    log.write(json.dumps(metrics) + "\n")
+                    log.flush()
+                    if step % cfg.sft.log_freq == 0 or step == total:
+                        print(f"sft step {step}/{total} loss {metrics.get('sft_loss', float('nan')):.4f} "
+                              f"grad_norm {metrics.get('grad_norm', float('nan')):.3f} "
+                              f"({metrics['elapsed_s']:.0f}s)", flush=True)
+        state = workers.full_state_dict()
+    finally:
+        workers.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path)
+    model.load_state_dict(state)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    if hasattr(model, "generation_config") and model.generation_config is not None:
+        model.generation_config.save_pretrained(out_dir)
+    print(f"sft: saved the fine-tuned model to {out_dir}", flush=True)
+    return {**metrics, "output_dir": str(out_dir), "skipped": skipped, "num_transcripts": len(sequences)}
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sft", help="supervised fine-tuning on tool-use transcripts (cold start), same masking as RL")
+    p.add_argument("config", help="YAML file (see configs/sft_tiny_cpu.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.max_steps=50 actor.lr=1e-3")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from agentrl.config import load_config
+
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    if not cfg.model.path:
+        raise SystemExit("sft: set model.path (an HF model dir, e.g. from `agentrl init-model`)")
+    run_sft(cfg)
+    return 0
