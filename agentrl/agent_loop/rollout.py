@@ -34,10 +34,14 @@ class RolloutManager:
         self.rollout_config = rollout_config
         self.reward_config = reward_config
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._calls_in_step: dict[int, int] = {}  # generate() calls so far in the current step
 
     async def generate(self, tasks: list[Task], *, step: int = 0, n: int | None = None) -> list[Episode]:
         """Roll out every task `n` times (default `rollout.n`); returns episodes in task order, then sample
-        index, with rewards filled in. Writes them to run_dir/episodes.jsonl when a run dir is set."""
+        index, with rewards filled in. Writes them to run_dir/episodes.jsonl when a run dir is set.
+
+        Group uids are f"step{step}-{k}-task{i}" with k counting the calls made for this step (refill rounds
+        get distinct groups); sampling seeds derive from the uid, so a resumed run repeats them."""
         n = self.rollout_config.n if n is None else n
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -45,12 +49,14 @@ class RolloutManager:
         if self.tools is not None:
             await self.tools.start()  # discovers remote tool schemas (idempotent)
         self._check_tool_names(tasks)
+        call = self._calls_in_step.get(step, 0)
+        self._calls_in_step = {step: call + 1}
         slots = asyncio.Semaphore(self.rollout_config.max_concurrent_episodes)
         progress = _progress(len(tasks) * n, f"rollout step {step}")
 
         async def one(index: int, task: Task, sample: int) -> Episode:
             async with slots:
-                episode = await self._episode(task, uid=f"step{step}-task{index}", sample=sample, step=step)
+                episode = await self._episode(task, uid=f"step{step}-{call}-task{index}", sample=sample, step=step)
             if progress is not None:
                 progress.update(1)
             return episode

@@ -59,7 +59,8 @@ async def test_groups_order_rewards_concurrency_and_dump(tiny_tokenizer, registr
     assert again.response_ids == episodes[0].response_ids and again.tool_calls == episodes[0].tool_calls
     assert again.response_logprobs == episodes[0].response_logprobs
 
-    await manager.generate(tasks()[:1], step=6, n=2)
+    refill = await manager.generate(tasks()[:1], step=5, n=2)  # a second call in the same step: new groups
+    assert refill[0].uid not in {e.uid for e in episodes}
     assert len(read_episodes(tmp_path / "episodes.jsonl")) == 14  # appended, not overwritten
 
     m = rollout_metrics(episodes)
