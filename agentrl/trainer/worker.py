@@ -128,7 +128,7 @@ class PolicyWorker:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[self.model_cfg.dtype],
                                                      attn_implementation=self.model_cfg.attn_implementation)
         if trainable and self.model_cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         if not trainable:
             model.requires_grad_(False)

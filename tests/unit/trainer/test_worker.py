@@ -136,3 +136,19 @@ def test_lr_schedule_warms_up_then_decays():
     assert cos[:2] == [0.5, 1.0] and cos[2] == 1.0
     assert all(a >= b for a, b in itertools.pairwise(cos[2:]))
     assert abs(cos[10] - 0.1) < 1e-9 and abs(cos[11] - 0.1) < 1e-9
+
+
+def test_gradient_checkpointing_gives_the_same_gradient(group, batch, tiny_model_dir):
+    # Fresh weights for both (the module's group has been trained); both join the existing 1-rank process group.
+    plain, checkpointed = (WorkerGroup(ModelConfig(path=str(tiny_model_dir), gradient_checkpointing=flag),
+                                       group.actor, with_ref=True, total_steps=100, use_ray=False)
+                           for flag in (False, True))
+    try:
+        assert checkpointed.workers[0].model.model.layers[0].gradient_checkpointing
+        want = plain.gradients(batch, temperature=0.9)
+        got = checkpointed.gradients(batch, temperature=0.9)
+    finally:
+        plain.shutdown()
+        checkpointed.shutdown()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=name)
