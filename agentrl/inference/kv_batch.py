@@ -47,7 +47,7 @@ class _SlotLayer(DynamicLayer):
 
 
 def _grow(buf: torch.Tensor, width: int, capacity: int) -> torch.Tensor:
-    out = buf.new_zeros(buf.shape[0], buf.shape[1], capacity, buf.shape[3])
+    out = buf.new_empty(buf.shape[0], buf.shape[1], capacity, buf.shape[3])  # columns >= width: written first
     out[:, :, :width] = buf[:, :, :width]
     return out
 
@@ -87,21 +87,14 @@ class PaddedKVBatch:
         old_rows, old_width = len(self.lengths), self.width
         lengths = [*self.lengths, *row_lengths]
         width = max(lengths)
-        cap = self._capacity(width)
-        new_layers = []
         row_layer_lists = [_check_layers(c) for c in row_caches]
-        old_layers = self.cache.layers if self.cache is not None and old_rows else None
+        old_layers = self.cache.layers if self.cache is not None and old_rows else []
+        new_layers = []
         for li, proto in enumerate(row_layer_lists[0]):
-            b, h, _, d = proto.keys.shape
-            k_buf = proto.keys.new_zeros(len(lengths), h, cap, d)
-            v_buf = proto.values.new_zeros(len(lengths), h, cap, d)
-            if old_layers is not None:
-                k_buf[:old_rows, :, width - old_width:width] = old_layers[li].keys
-                v_buf[:old_rows, :, width - old_width:width] = old_layers[li].values
-            for j, (layers, n) in enumerate(zip(row_layer_lists, row_lengths)):
-                k_buf[old_rows + j, :, width - n:width] = layers[li].keys[0]
-                v_buf[old_rows + j, :, width - n:width] = layers[li].values[0]
-            new_layers.append(_SlotLayer(k_buf, v_buf, width, self.max_width))
+            sources = [(layer.k_buf[j, :, old_width - n:old_width], layer.v_buf[j, :, old_width - n:old_width])
+                       for layer in old_layers[li:li + 1] for j, n in enumerate(self.lengths)]
+            sources += [(layers[li].keys[0], layers[li].values[0]) for layers in row_layer_lists]
+            new_layers.append(self._build(proto.keys, sources, lengths, width))
         self._install(new_layers)
         self.lengths = lengths
 
@@ -113,19 +106,32 @@ class PaddedKVBatch:
             self.cache, self.lengths = None, []
             return
         old_width = self.width
-        self.lengths = [self.lengths[i] for i in rows]
-        width = self.width
-        cap = self._capacity(width)
+        lengths = [self.lengths[i] for i in rows]
+        width = max(lengths)
         new_layers = []
         for layer in self.cache.layers:
-            k_buf = layer.k_buf.new_zeros(len(rows), layer.k_buf.shape[1], cap, layer.k_buf.shape[3])
-            v_buf = layer.v_buf.new_zeros(len(rows), layer.v_buf.shape[1], cap, layer.v_buf.shape[3])
-            for j, i in enumerate(rows):  # row-wise copies of contiguous blocks beat a strided index_select
-                n = self.lengths[j]
-                k_buf[j, :, width - n:width] = layer.k_buf[i, :, old_width - n:old_width]
-                v_buf[j, :, width - n:width] = layer.v_buf[i, :, old_width - n:old_width]
-            new_layers.append(_SlotLayer(k_buf, v_buf, width, self.max_width))
+            sources = [(layer.k_buf[i, :, old_width - n:old_width], layer.v_buf[i, :, old_width - n:old_width])
+                       for i, n in zip(rows, lengths)]
+            new_layers.append(self._build(layer.k_buf, sources, lengths, width))
         self._install(new_layers)
+        self.lengths = lengths
+
+    def _build(self, like: torch.Tensor, rows: list[tuple[torch.Tensor, torch.Tensor]], lengths: list[int],
+               width: int) -> _SlotLayer:
+        """A layer buffer holding `rows` (per-row K/V [kv_heads, n, head_dim]) right-aligned at `width`.
+
+        Only the left pads are zeroed: columns past `width` are written before they are ever read.
+        """
+        shape = (len(rows), like.shape[1], self._capacity(width), like.shape[3])
+        k_buf = torch.empty(shape, dtype=like.dtype, device=like.device)
+        v_buf = torch.empty(shape, dtype=like.dtype, device=like.device)
+        for j, ((k, v), n) in enumerate(zip(rows, lengths)):
+            k_buf[j, :, width - n:width] = k
+            v_buf[j, :, width - n:width] = v
+            if n < width:
+                k_buf[j, :, :width - n].zero_()
+                v_buf[j, :, :width - n].zero_()
+        return _SlotLayer(k_buf, v_buf, width, self.max_width)
 
     def _install(self, layers: list[_SlotLayer]) -> None:
         if self.cache is None:
