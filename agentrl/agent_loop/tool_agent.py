@@ -142,54 +142,31 @@ class ToolAgentLoop:
     async def _loop(self, task: Task, template: ChatTemplate, state: _State, sampling: SamplingParams,
                     tool_session: str | None, session_id: str) -> None:
         cfg = self.config
-        window = self.max_model_len
         allowed = self._allowed_names(task)
         while True:
-            used = len(state.prompt_ids) + len(state.response_ids)
-            limits = {"turn_length": cfg.max_new_tokens_per_turn,
-                      "response_budget": cfg.max_response_tokens - len(state.response_ids)}
-            if window is not None:
-                limits["context_window"] = window - used
-            cause = min(limits, key=limits.get)
-            if limits[cause] < 1:
+            budget, cause = self._turn_budget(state)
+            if budget < 1:
                 if cause == "context_window" and state.num_turns == 0:  # the task's prompt alone fills the window
-                    state.metrics["infra_detail"] = f"prompt of {used} tokens does not fit max_model_len {window}"
+                    state.metrics["infra_detail"] = (f"prompt of {len(state.prompt_ids)} tokens does not fit "
+                                                     f"max_model_len {self.max_model_len}")
                     state.finish("infra_error", "prompt_too_long", infra=True)
                 else:
                     state.finish("length", cause)
                 return
             params = SamplingParams(
-                max_new_tokens=limits[cause], temperature=sampling.temperature, top_p=sampling.top_p,
+                max_new_tokens=budget, temperature=sampling.temperature, top_p=sampling.top_p,
                 top_k=sampling.top_k, stop_token_ids=self.stop_token_ids,
                 seed=None if sampling.seed is None else (sampling.seed * 1_000_003 + state.num_turns) % 2**31)
-            t0 = time.monotonic()
-            try:
-                gen = await self._generate(state.prompt_ids + state.response_ids, params, session_id)
-            except PromptTooLongError as e:
-                if state.num_turns == 0:  # the task's prompt alone does not fit: not the policy's doing
-                    state.metrics["infra_detail"] = f"prompt too long: {e}"
-                    state.finish("infra_error", "prompt_too_long", infra=True)
-                else:
-                    state.finish("length", "context_window")
-                return
-            except EngineError as e:
-                state.metrics["infra_detail"] = f"engine: {e}"
-                state.finish("infra_error", "engine_error", infra=True)
-                return
-            finally:
-                state.metrics["engine_s"] += time.monotonic() - t0
-            problem = self._check_generation(gen)
-            if problem:
-                state.metrics["infra_detail"] = f"engine: {problem}"
-                state.finish("infra_error", "engine_error", infra=True)
-                return
+            gen = await self._sample(state, params, session_id)
+            if gen is None:
+                return  # engine failure, recorded by _sample
             turn = state.num_turns
             state.add_model_turn(gen.token_ids, gen.logprobs, turn)
             state.num_turns += 1
             last = gen.token_ids[-1]
-            text_ids = gen.token_ids[:-1] if last in self.stop_token_ids else gen.token_ids
-            text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
-            if last != self.end_of_turn_id:
+            text = self.tokenizer.decode(gen.token_ids[:-1] if last in self.stop_token_ids else gen.token_ids,
+                                         skip_special_tokens=False)
+            if last != self.end_of_turn_id:  # no end-of-turn: the transcript cannot continue after this turn
                 state.messages.append({"role": "assistant", "content": text})
                 if last in self.stop_token_ids:
                     state.finish("stop", "eos")
@@ -206,11 +183,10 @@ class ToolAgentLoop:
             if good:
                 message["tool_calls"] = [{"id": c.call_id, "type": "function",
                                           "function": {"name": c.name, "arguments": c.arguments}} for c in good]
+            state.messages.append(message)
             if not parsed.calls:
-                state.messages.append(message)
                 state.finish("stop", "final_answer")
                 return
-            state.messages.append(message)
             if state.num_turns >= cfg.max_assistant_turns:
                 state.finish("max_turns", "max_assistant_turns")
                 return
@@ -221,12 +197,51 @@ class ToolAgentLoop:
                 return  # infra error, recorded by _run_calls
             delta = template.delta_ids(state.messages, observations)
             state.count(f"template_{delta.mode}")
-            if len(state.response_ids) + len(delta.ids) > cfg.max_response_tokens or (
-                    window is not None and len(state.prompt_ids) + len(state.response_ids) + len(delta.ids) > window):
+            if not self._fits(state, len(delta.ids)):
                 state.finish("length", "observation_overflow")
                 return
             state.messages.extend(observations)
             state.add_glue(delta.ids)
+
+    def _turn_budget(self, state: _State) -> tuple[int, str]:
+        """(tokens the next turn may sample, the limit that binds): per-turn cap, response budget, context."""
+        limits = {"turn_length": self.config.max_new_tokens_per_turn,
+                  "response_budget": self.config.max_response_tokens - len(state.response_ids)}
+        if self.max_model_len is not None:
+            limits["context_window"] = self.max_model_len - len(state.prompt_ids) - len(state.response_ids)
+        cause = min(limits, key=limits.get)
+        return limits[cause], cause
+
+    def _fits(self, state: _State, n: int) -> bool:
+        """Whether `n` more tokens fit the response budget and the context window."""
+        if len(state.response_ids) + n > self.config.max_response_tokens:
+            return False
+        return self.max_model_len is None or len(state.prompt_ids) + len(state.response_ids) + n <= self.max_model_len
+
+    async def _sample(self, state: _State, params: SamplingParams, session_id: str):
+        """One engine call; None (with the episode finished) on an engine fault or a full context."""
+        t0 = time.monotonic()
+        try:
+            gen = await self._generate(state.prompt_ids + state.response_ids, params, session_id)
+        except PromptTooLongError as e:
+            if state.num_turns == 0:  # the task's prompt alone does not fit: not the policy's doing
+                state.metrics["infra_detail"] = f"prompt too long: {e}"
+                state.finish("infra_error", "prompt_too_long", infra=True)
+            else:
+                state.finish("length", "context_window")
+            return None
+        except EngineError as e:
+            state.metrics["infra_detail"] = f"engine: {e}"
+            state.finish("infra_error", "engine_error", infra=True)
+            return None
+        finally:
+            state.metrics["engine_s"] += time.monotonic() - t0
+        problem = self._check_generation(gen)
+        if problem:
+            state.metrics["infra_detail"] = f"engine: {problem}"
+            state.finish("infra_error", "engine_error", infra=True)
+            return None
+        return gen
 
     async def _generate(self, ids: list[int], params: SamplingParams, session_id: str):
         if self._engine_takes_session:
@@ -281,10 +296,10 @@ class ToolAgentLoop:
                 state.count(f"tool_error_{record['error_kind']}")
         infra = next((r for (r, _), res in zip(pending, results) if res.infra_error), None)
         if infra is not None:
+            state.metrics["infra_detail"] = f"tool {infra['name']}: {infra['error_kind']}: {infra['content'][:300]}"
             for record in records:
                 record.pop("content")
             state.tool_calls += records
-            state.metrics["infra_detail"] = f"tool {infra['name']}: {infra['error_kind']}"
             state.finish("infra_error", "tool_infra_error", infra=True)
             return None
         messages = []
