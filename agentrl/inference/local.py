@@ -15,6 +15,10 @@ One decode thread (off the event loop, so tool calls keep being serviced while t
 
 Weight updates take the same lock as a scheduler step, so they land between steps: a request may finish on new
 weights, but no step mixes weights. `weight_version` is reported in `Generation.metrics`.
+
+Memory: the decode batch's KV cache is at most `max_batch_size x max_model_len` token slots; waiting requests
+hold only their prompt ids (at most `max_queued_requests` of them); finished turns of a `session_id` keep their
+KV for the episode's next turn, at most `prefix_cache_tokens` tokens in all (`prefix_cache.py`).
 """
 
 from __future__ import annotations
