@@ -7,7 +7,6 @@ import contextlib
 import sys
 
 import pytest
-
 from helpers import free_port, service
 
 from agentrl.trainer.batch import episodes_to_batch
