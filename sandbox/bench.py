@@ -33,6 +33,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SandboxConfig override for the service this benchmark starts")
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid` plus its reaped children (user + system), from /proc/PID/stat."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_children_cpu_s() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -59,12 +70,14 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
     python = os.path.realpath(sys.executable)
     errors = {"isolated": 0, "bare": 0}
 
-    async def bare() -> None:
-        proc = await asyncio.create_subprocess_exec(python, "-c", SNIPPET, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
-        out, _ = await proc.communicate()
-        if out.decode() != EXPECTED:
-            errors["bare"] += 1
+    def bare_with(*flags: str):
+        async def bare() -> None:
+            proc = await asyncio.create_subprocess_exec(python, *flags, "-c", SNIPPET, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE)
+            out, _ = await proc.communicate()
+            if out.decode() != EXPECTED:
+                errors["bare"] += 1
+        return bare
 
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
@@ -78,15 +91,34 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
 
         print(f"sandbox: backend={health['backend']} isolation={health['isolation']} "
               f"max_concurrency={health['max_concurrency']} cores={os.cpu_count()}")
+        print("bare = `python3 -c` processes; bare -S = `python3 -I -S -c` (no site/.pth start-up, as the sandbox's "
+              "interpreter)")
         print(f"{'conc':>4} | {'isolated req/s':>14} {'p50 ms':>7} {'p99 ms':>7} | {'bare req/s':>10} {'p50 ms':>7} "
-              f"{'p99 ms':>7} | {'ratio':>5}")
+              f"{'p99 ms':>7} | {'ratio':>5} | {'bare -S req/s':>13} {'ratio':>5}")
         await _load(min(20, args.requests), 4, isolated)  # warm-up: pool filled, connections open
+        local = os.path.exists(f"/proc/{health['pid']}/stat")
+        cpu = {"isolated": 0.0, "bare": 0.0, "bare -S": 0.0}
+        n_total = 0
         for conc in [int(c) for c in args.concurrency.split(",")]:
+            before = _proc_cpu_s(health["pid"]) if local else 0.0
             iso_rps, iso_lat = await _load(args.requests, conc, isolated)
-            bare_rps, bare_lat = await _load(args.requests, conc, bare)
+            await asyncio.sleep(1.0)  # the warm pool refills: its start-up CPU belongs to these requests
+            cpu["isolated"] += (_proc_cpu_s(health["pid"]) - before) if local else 0.0
+            before = _own_children_cpu_s()
+            bare_rps, bare_lat = await _load(args.requests, conc, bare_with())
+            cpu["bare"] += _own_children_cpu_s() - before
+            before = _own_children_cpu_s()
+            bare_s_rps, _ = await _load(args.requests, conc, bare_with("-I", "-S"))
+            cpu["bare -S"] += _own_children_cpu_s() - before
+            n_total += args.requests
             print(f"{conc:>4} | {iso_rps:>14.1f} {_pct(iso_lat, .5) * 1e3:>7.1f} {_pct(iso_lat, .99) * 1e3:>7.1f} | "
                   f"{bare_rps:>10.1f} {_pct(bare_lat, .5) * 1e3:>7.1f} {_pct(bare_lat, .99) * 1e3:>7.1f} | "
-                  f"{iso_rps / bare_rps:>5.2f}")
+                  f"{iso_rps / bare_rps:>5.2f} | {bare_s_rps:>13.1f} {iso_rps / bare_s_rps:>5.2f}")
+        if local:
+            print("CPU per request (load-independent; isolated = service + its sandboxes, HTTP included): " +
+                  ", ".join(f"{k} {v / n_total * 1e3:.1f} ms" for k, v in cpu.items()) +
+                  f"; CPU-bound throughput ratio isolated/bare {cpu['bare'] / max(cpu['isolated'], 1e-9):.2f}, "
+                  f"isolated/bare -S {cpu['bare -S'] / max(cpu['isolated'], 1e-9):.2f}")
         resp = await client.post("/sessions", json={"language": "python", "idle_ttl_s": 120})
         sid = resp.json()["session_id"]
         await client.post(f"/sessions/{sid}/run", json={"code": "x = 0", "timeout": 10})

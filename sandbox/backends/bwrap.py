@@ -71,13 +71,49 @@ def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | No
     return args
 
 
+class FdReader:
+    """Feeds an asyncio.StreamReader from a pipe fd we own, and closes that fd exactly once.
+
+    (loop.connect_read_pipe is avoided on purpose: under uvloop the fd can end up closed twice, and a second
+    close can hit an fd number already reused by another sandbox's pipe.)"""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.reader = asyncio.StreamReader(limit=1 << 30)
+        self._loop = asyncio.get_running_loop()
+        os.set_blocking(fd, False)
+        self._loop.add_reader(fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.reader.feed_data(data)
+        else:
+            self.reader.feed_eof()
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self._loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+            if not self.reader.at_eof():
+                self.reader.feed_eof()
+
+
 class Warm:
     """One started sandbox waiting for its single request (or a session's interpreter)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, results: asyncio.StreamReader, cgroup: Cgroup | None,
+    def __init__(self, proc: asyncio.subprocess.Process, results: FdReader, cgroup: Cgroup | None,
                  workdir: str | None):
         self.proc = proc
-        self.results = results
+        self._results = results
+        self.results = results.reader
         self.cgroup = cgroup
         self.workdir = workdir  # host temp dir, only without bwrap
 
@@ -163,7 +199,7 @@ class BwrapBackend:
         r_res, w_res = os.pipe()
         seccomp_fd = seccomp.filter_fd() if self.seccomp else None
         try:
-            inner = [self.python, "-I", "-c", src, str(w_res), *argv]
+            inner = [self.python, "-I", "-S", "-c", src, str(w_res), *argv]
             if self.isolate:
                 cmd = [*bwrap_args(self.cfg, self.bwrap, self.prefix, seccomp_fd), *inner]
             else:
@@ -189,12 +225,9 @@ class BwrapBackend:
             os.close(w_res)
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        loop = asyncio.get_running_loop()
-        results = asyncio.StreamReader(limit=1 << 30)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(results), os.fdopen(r_res, "rb", 0))
-        warm = Warm(proc, results, cg, workdir)
+        warm = Warm(proc, FdReader(r_res), cg, workdir)
         try:
-            ready = await asyncio.wait_for(read_frame(results), 30)
+            ready = await asyncio.wait_for(read_frame(warm.results), 30)
         except asyncio.TimeoutError:
             ready = None
         if not ready or not ready.get("ready"):
@@ -207,6 +240,7 @@ class BwrapBackend:
 
     async def _dispose(self, warm: Warm) -> None:
         await warm.kill()
+        warm._results.close()
         if warm.cgroup is not None and self.cgroups is not None:
             self.cgroups.release(warm.cgroup)
         if warm.workdir:

@@ -1,4 +1,4 @@
-"""Runs INSIDE a sandbox (passed as `python -I -c <this file's text> RESULT_FD`); stdlib only, no repo imports.
+"""Runs INSIDE a sandbox (passed as `python -I -S -c <this file's text> RESULT_FD`); stdlib only, no repo imports.
 
 Started ahead of time as part of a warm sandbox, it reports `ready`, then waits for one request frame on stdin
 (4-byte big-endian length + JSON). The bytes after the frame are the program's stdin. It writes the request's
@@ -10,6 +10,16 @@ process only sets the second layer of rlimits for the program.
 
 import os
 import sys
+
+
+def _add_site_packages():
+    """The interpreter starts with -S (its .pth files run arbitrary code on every start-up, tens of ms here):
+    put its site-packages on sys.path directly, so installed packages import as usual."""
+    version = "python%d.%d" % sys.version_info[:2]
+    for path in (os.path.join(sys.prefix, "lib", version, "site-packages"),
+                 os.path.join("/usr/local/lib", version, "dist-packages"), "/usr/lib/python3/dist-packages"):
+        if os.path.isdir(path) and path not in sys.path:
+            sys.path.append(path)
 
 
 def _frame(fd, obj):
@@ -154,6 +164,12 @@ def _child(req):
 
 def main():
     import time
+
+    _add_site_packages()
+    import base64  # noqa: F401  (imported before `ready`, so not on the request's path)
+    import json  # noqa: F401
+    import resource  # noqa: F401
+    import types  # noqa: F401
 
     target = sys.argv[1]
     if target.startswith("file:"):  # docker backend: no extra fd crosses `docker exec`, frames go to a file

@@ -1,4 +1,4 @@
-"""Runs INSIDE a sandbox as a session's persistent interpreter (`python -I -c <text> RESULT_FD`); stdlib only.
+"""Runs INSIDE a sandbox as a session's persistent interpreter (`python -I -S -c <text> RESULT_FD`); stdlib only.
 
 Protocol: the host writes frames (4-byte big-endian length + JSON) to this process's stdin, which is moved to a
 private fd at start (the cells' stdin is /dev/null). `{"op": "cell", "id", "code"}` runs a cell in one
@@ -12,6 +12,16 @@ printed.
 import os
 import sys
 import threading
+
+
+def _add_site_packages():
+    """The interpreter starts with -S (its .pth files run arbitrary code on every start-up, tens of ms here):
+    put its site-packages on sys.path directly, so installed packages import as usual."""
+    version = "python%d.%d" % sys.version_info[:2]
+    for path in (os.path.join(sys.prefix, "lib", version, "site-packages"),
+                 os.path.join("/usr/local/lib", version, "dist-packages"), "/usr/lib/python3/dist-packages"):
+        if os.path.isdir(path) and path not in sys.path:
+            sys.path.append(path)
 
 
 def _frame(fd, obj):
@@ -134,6 +144,7 @@ class Session:
 def main():
     import resource
 
+    _add_site_packages()
     result_fd = int(sys.argv[1])
     fsize, nofile = int(sys.argv[2]), int(sys.argv[3])
     for name, value in (("RLIMIT_FSIZE", fsize), ("RLIMIT_NOFILE", nofile), ("RLIMIT_CORE", 0)):
