@@ -62,9 +62,6 @@ class ChatTemplate:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
-    def render_ids(self, messages: list[dict], *, add_generation_prompt: bool = False) -> list[int]:
-        return self.encode(self.render(messages, add_generation_prompt=add_generation_prompt))
-
     # --- the tokens between model turns ---
 
     def delta_ids(self, messages: list[dict], new_messages: list[dict]) -> Delta:
@@ -117,14 +114,4 @@ class ChatTemplate:
         return ids[0]
 
 
-def stop_token_ids(tokenizer, end_of_turn_id: int, generation_config_eos: int | list[int] | None = None) -> list[int]:
-    """Token ids that end a model turn: the template's end-of-turn token plus the model's eos ids."""
-    ids = [end_of_turn_id]
-    extra = generation_config_eos if generation_config_eos is not None else tokenizer.eos_token_id
-    for i in [extra] if isinstance(extra, int) else list(extra or []):
-        if i is not None and i not in ids:
-            ids.append(int(i))
-    return ids
-
-
-__all__ = ["ChatTemplate", "Delta", "TemplateError", "stop_token_ids"]
+__all__ = ["ChatTemplate", "Delta", "TemplateError"]
