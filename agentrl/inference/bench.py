@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--memory-requests", type=int, default=256,
                         help="queued requests for the memory check on the last model (0: skip)")
+    parser.add_argument("--episodes", type=int, default=16,
+                        help="multi-turn check on the last model: episodes x 4 turns, with vs without session KV "
+                             "reuse (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -153,6 +156,45 @@ def _memory_check(path: Path, args) -> None:
     engine.close_sync()
 
 
+def _multi_turn(path: Path, args) -> None:
+    """Episodes of 4 turns (prompt 200 tokens, 32 sampled + 24 observation tokens per turn), all concurrent:
+    once with session_id (each turn prefills only its new tokens), once without (whole prompt every turn)."""
+    from agentrl.inference.config import EngineConfig
+    from agentrl.inference.local import LocalEngine
+    from agentrl.types import SamplingParams
+
+    engine = LocalEngine.from_pretrained(path, EngineConfig(max_batch_size=args.max_batch_size,
+                                                            num_threads=args.threads))
+    rng = random.Random(args.seed + 2)
+    sp = SamplingParams(max_new_tokens=32, temperature=0)
+
+    async def episode(i: int, sessions: bool) -> list[int]:
+        ids = [rng.randrange(10, engine.vocab_size) for _ in range(200)]
+        for turn in range(4):
+            g = await engine.generate(ids, sp, session_id=f"ep{i}" if sessions else None)
+            ids = ids + g.token_ids + [(i * 7 + turn * 13 + k) % engine.vocab_size for k in range(24)]
+        return ids
+
+    results = {}
+    for sessions in (False, True):
+        before = dict(engine.stats)
+        t0, c0 = time.perf_counter(), time.process_time()
+
+        async def all_episodes(s=sessions):
+            return await asyncio.gather(*[episode(i, s) for i in range(args.episodes)])
+
+        rng.seed(args.seed + 2)
+        results[sessions] = asyncio.run(all_episodes())
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        prefilled = engine.stats["prefill_tokens"] - before["prefill_tokens"]
+        reused = engine.stats["cached_tokens"] - before["cached_tokens"]
+        print(f"  {'with' if sessions else 'without':7s} session reuse: {wall:6.2f}s wall, {cpu:6.2f} cpu-s, "
+              f"prefilled {prefilled} tokens, reused {reused}")
+    same = sum(a == b for a, b in zip(results[False], results[True]))
+    print(f"  identical episodes with and without reuse: {same}/{args.episodes}")
+    engine.close_sync()
+
+
 def _pair(text: str) -> tuple[int, int]:
     lo, hi = (int(x) for x in text.split(","))
     return lo, hi
@@ -175,6 +217,9 @@ def run(args) -> int:
     try:
         for path, label in targets:
             _measure(path, label, args)
+        if args.episodes:
+            print(f"\n== multi-turn: {args.episodes} concurrent episodes x 4 turns on {targets[-1][1]}")
+            _multi_turn(targets[-1][0], args)
         if args.memory_requests:
             _memory_check(targets[-1][0], args)
     finally:
