@@ -48,7 +48,8 @@ def batch(group):
 
 
 def with_budget(group, **changes):
-    group.actor = dataclasses.replace(group.actor, **changes)
+    """Change actor knobs for the driver's planning and the in-process rank's loss."""
+    group.actor = group.workers[0].actor = dataclasses.replace(group.actor, **changes)
 
 
 def test_logprobs_do_not_depend_on_padding_or_micro_batching(group, batch):
