@@ -91,6 +91,22 @@ class ChatTemplate:
             return None
         return before[end + len(self.end_of_turn):] + after[len(before):]
 
+    def boundary_problem(self) -> str | None:
+        """None when ids built turn by turn (prompt, model turn, glue) equal encoding the whole rendering for a
+        probe conversation; else a description. A mismatch (e.g. a SentencePiece tokenizer adding a prefix space
+        to the glue) does not misalign masks or logprobs, but the model then sees token sequences it would
+        not see in the template's own rendering."""
+        user = [{"role": "user", "content": "Hi."}]
+        turn = user + [{"role": "assistant", "content": "Hello."}]
+        tool = [{"role": "tool", "content": "ok"}]
+        pieces = (self.prompt_ids(user) + self.encode("Hello.") + [self.end_of_turn_id]
+                  + self.delta_ids(turn, tool).ids)
+        whole = self.encode(self.render(turn + tool, add_generation_prompt=True))
+        if pieces == whole:
+            return None
+        return (f"turn-by-turn ids differ from the template's whole rendering: {self.tokenizer.decode(pieces)!r} "
+                f"vs {self.tokenizer.decode(whole)!r}")
+
     # --- template probing ---
 
     def _find_end_of_turn(self) -> str:

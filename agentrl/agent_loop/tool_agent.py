@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from agentrl.agent_loop.parsers import make_parser
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.tools.truncate import truncate_text
 from agentrl.types import Episode, SamplingParams, Task, ToolCall
+
+log = logging.getLogger(__name__)
 
 CALL_FORMAT_HINT = 'Write each call as <tool_call>\n{"name": "<tool name>", "arguments": {<arguments>}}\n</tool_call>.'
 
@@ -101,6 +104,9 @@ class ToolAgentLoop:
         self._templates: dict[tuple[str, ...] | None, ChatTemplate] = {}
         probe = ChatTemplate(tokenizer, None)
         self.end_of_turn_id = probe.end_of_turn_id
+        problem = probe.boundary_problem()
+        if problem:
+            log.warning("chat template / tokenizer boundary effect: %s", problem)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.stop_token_ids = list(dict.fromkeys([self.end_of_turn_id, *eos, *generation_eos_ids(tokenizer)]))
 

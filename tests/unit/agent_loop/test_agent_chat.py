@@ -82,3 +82,14 @@ def test_template_without_a_special_end_of_turn_is_rejected(fresh_tokenizer):
                                      "{% if add_generation_prompt %}### assistant: {% endif %}")
     with pytest.raises(TemplateError, match="end of a model turn cannot be detected"):
         ChatTemplate(fresh_tokenizer)
+
+
+def test_turn_by_turn_ids_equal_the_whole_rendering(tokenizer):
+    assert ChatTemplate(tokenizer).boundary_problem() is None
+
+
+def test_boundary_problem_is_reported(fresh_tokenizer):
+    # the generation prompt lacks the "\n" that rendered assistant turns have
+    fresh_tokenizer.chat_template = DROPS_PAST_THINKING.replace("{{- '<|im_start|>assistant\\n' -}}{%- endif",
+                                                                "{{- '<|im_start|>assistant' -}}{%- endif")
+    assert "differ" in ChatTemplate(fresh_tokenizer).boundary_problem()
