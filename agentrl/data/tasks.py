@@ -7,7 +7,8 @@ verl-style row (as written by verl's data preprocessing):
     {"prompt": [messages], "data_source": str, "reward_model": {"style": "rule", "ground_truth": ...},
      "extra_info": {"index": ..., "tools_kwargs": {...}, ...}, "agent_name": "tool_agent", "ability": ...}
     -> reward {"type": `verl_reward_type` (default "exact_match"), "ground_truth": ...}; tools None (all tools);
-    extra_info, agent_name and ability are kept in `Task.extra`.
+    tools_kwargs from extra_info.tools_kwargs, each tool's "create_kwargs" unwrapped (they build the tool's
+    per-episode state); extra_info, agent_name and ability are kept in `Task.extra`.
 
 A malformed row raises `TaskFormatError` naming the file, the 1-based row number and the field.
 """
@@ -100,6 +101,9 @@ def _verl_row(row: dict, where: str, reward_type: str) -> Task:
     tools_kwargs = extra_info.get("tools_kwargs") or {}
     if not isinstance(tools_kwargs, dict):
         raise TaskFormatError(f"{where}: verl field 'extra_info.tools_kwargs' must be an object, got {tools_kwargs!r}")
+    # verl passes {"create_kwargs": {...}} to tool.create(); agentrl's per-session state takes those kwargs
+    tools_kwargs = {name: kw["create_kwargs"] if isinstance(kw, dict) and "create_kwargs" in kw else kw
+                    for name, kw in tools_kwargs.items()}
     index = extra_info.get("index")
     extra = {"extra_info": extra_info}
     for key in ("agent_name", "ability"):

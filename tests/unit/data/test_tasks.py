@@ -37,7 +37,7 @@ def test_verl_rows(tmp_path):
     (task,) = load_tasks(write_jsonl(tmp_path / "v.jsonl", [VERL_ROW]), verl_reward_type="numeric")
     assert task.reward == {"type": "numeric", "ground_truth": "2"}
     assert task.tools is None and task.task_id == "gsm8k-7"
-    assert task.tools_kwargs == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "2"}}}
+    assert task.tools_kwargs == {"calc_gsm8k_reward": {"ground_truth": "2"}}  # verl's create_kwargs unwrapped
     assert task.extra["agent_name"] == "tool_agent" and task.extra["ability"] == "math"
 
 
