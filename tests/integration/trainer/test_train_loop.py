@@ -1,5 +1,5 @@
-"""End to end: `agentrl train`'s loop on the tiny model with a real HTTP tool service, the LocalEngine and one
-Ray FSDP rank; then a resume from the step-1 checkpoint must reproduce step 2."""
+"""End to end: `agentrl train`'s loop on the tiny model with a real HTTP tool service, the LocalEngine and two
+Ray FSDP ranks (sharded checkpoints); then a resume from the step-1 checkpoint must reproduce step 2."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def config(model_dir, tasks, tool_url, run_dir, *extra) -> TrainConfig:
         "reward.custom={parity: 'train_rewards:first_token_parity'}", "tools.builtin=[]",
         f"tools.services=[{{url: '{tool_url}'}}]", "actor.lr=1e-3", "actor.warmup_steps=0",
         "trainer.total_steps=2", "trainer.save_freq=1", "trainer.test_freq=2", "trainer.deterministic=true",
-        "trainer.loggers=[jsonl]", f"trainer.run_dir={run_dir}", *extra])
+        "trainer.loggers=[jsonl]", "actor.world_size=2", f"trainer.run_dir={run_dir}", *extra])
 
 
 def comparable(row: dict) -> dict:
