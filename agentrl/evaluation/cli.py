@@ -5,13 +5,13 @@
     agentrl eval --model runs/after-grpo --suite calc --compare runs/after-sft          # a model or an eval dir
     agentrl eval --model runs/eval-a --compare runs/eval-b                   # two finished evaluations, no rollout
 
-Tools: by default the suite's built-in tools (calculator, lookup) run inside the eval process, the same code a
-tool service runs, without sockets. `--serve-tools` starts them as a real HTTP tool service (`agentrl tools
-serve` on a free loopback port) for the length of the run, so tool calls go over HTTP exactly as in training;
-`--tools-config FILE` uses services you run yourself (required for the code suite's `python` tool, together with
-`--sandbox-url` for its unit-test reward). Engine, agent-loop budgets, rewards and tools can also come from a
-training config (`--config`, same keys, plus `-o key=value` overrides), so a model is evaluated under the
-budgets it was trained with.
+Tools: by default the suite's built-in tools run inside the eval process, the same code a tool service runs,
+without sockets (calculator, lookup; the code suite's python tool sends its code to the sandbox given by
+`--sandbox-url`, which also runs the unit-test rewards). `--serve-tools` starts them as a real HTTP tool service
+(`agentrl tools serve` on a free loopback port) for the length of the run, so every call goes over HTTP exactly
+as in training; `--tools-config FILE` uses tool services you run yourself (configs/tools/services.yaml).
+Engine, agent-loop budgets, rewards and tools can also come from a training config (`--config`, same keys, plus
+`-o key=value` overrides), so a model is evaluated under the budgets it was trained with.
 """
 
 from __future__ import annotations
@@ -43,20 +43,29 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_builtin_tools(names: list[str], *, startup_timeout_s: float = 60.0) -> Iterator[str]:
+def serve_builtin_tools(names: list[str], *, tool_kwargs: dict[str, dict] | None = None,
+                        startup_timeout_s: float = 60.0) -> Iterator[str]:
     """Run the built-in tools `names` as an HTTP tool service in a child process; yields its base URL.
 
-    The child is `agentrl tools serve` in its own process group on a free loopback port; the whole group is
-    terminated on exit (killed if it does not stop within 10 s).
+    The child is `agentrl tools serve` (with `tool_kwargs` as its session defaults, e.g. the python tool's
+    sandbox) in its own process group on a free loopback port; the whole group is terminated on exit (killed if
+    it does not stop within 10 s).
     """
+    import json
+
     import httpx
 
     from agentrl.tools.builtin import BUILTIN
 
+    unknown = [n for n in names if n not in BUILTIN]
+    if unknown or not names:
+        raise ValueError(f"serve_builtin_tools: {unknown or 'no tools'} given; built-in tools: {', '.join(BUILTIN)}")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "agentrl.cli", "tools", "serve", *(BUILTIN[n] for n in names),
            "--host", "127.0.0.1", "--port", str(port)]
+    if tool_kwargs:
+        cmd += ["--tool-kwargs", json.dumps(tool_kwargs)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + startup_timeout_s
@@ -104,7 +113,7 @@ def _tool_names(tasks) -> list[str]:
 @contextlib.contextmanager
 def _tools(args: argparse.Namespace, cfg, tasks) -> Iterator[object]:
     """The ToolRegistry for the run (None: `evaluate` builds the in-process built-ins itself)."""
-    from agentrl.evaluation.run import IN_PROCESS_TOOLS
+    from agentrl.evaluation.run import builtin_tools_kwargs
     from agentrl.tools.client import ToolRegistry
     from agentrl.tools.config import ServiceConfig, ToolsConfig
 
@@ -113,13 +122,10 @@ def _tools(args: argparse.Namespace, cfg, tasks) -> Iterator[object]:
         yield ToolRegistry.from_config(args.tools_config)
     elif configured:
         yield ToolRegistry.from_tools_config(cfg.tools)
-    elif args.serve_tools:
+    elif args.serve_tools and _tool_names(tasks):
         names = _tool_names(tasks)
-        remote = [n for n in names if n not in IN_PROCESS_TOOLS]
-        if remote:
-            raise SystemExit(f"--serve-tools starts the built-ins {list(IN_PROCESS_TOOLS)} only; the tasks also use "
-                             f"{remote}: run their services and pass --tools-config FILE")
-        with serve_builtin_tools(names) as url:
+        kwargs = builtin_tools_kwargs(names, cfg.reward.sandbox_url)
+        with serve_builtin_tools(names, tool_kwargs=kwargs) as url:
             print(f"tool service for {', '.join(names)} on {url}", file=sys.stderr, flush=True)
             yield ToolRegistry.from_tools_config(ToolsConfig(services=[ServiceConfig(url=url, name="eval-tools")]))
     else:

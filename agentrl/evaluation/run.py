@@ -17,8 +17,9 @@ refused). The run directory receives:
 - `eval.md`: the Markdown summary (`agentrl.evaluation.report.markdown_report`) plus the settings used;
 - `episodes.jsonl`: every episode (tokens, masks, transcript), rewritten on each evaluation into that dir.
 
-Tools: `tools=None` serves the tasks' built-in tools (calculator, lookup) in-process; pass a `ToolRegistry`
-(e.g. `ToolRegistry.from_config("configs/tools/x.yaml")`) to call HTTP tool services instead.
+Tools: `tools=None` serves the tasks' built-in tools in-process (calculator, lookup; python talks to the sandbox
+at `reward_config.sandbox_url`, which also grades unit tests); pass a `ToolRegistry` (e.g.
+`ToolRegistry.from_config("configs/tools/x.yaml")`) to call HTTP tool services instead.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ from agentrl.types import Episode, Task
 
 EVAL_JSON = "eval.json"
 EVAL_MD = "eval.md"
-# Built-in tools that need no external service, so they can run inside the evaluation process.
-IN_PROCESS_TOOLS = ("calculator", "lookup")
 _ANSWER_CHARS = 300  # final answer kept per task in eval.json (the full transcript is in episodes.jsonl)
 
 
@@ -105,23 +104,36 @@ def suite_tasks(spec: str, *, split: str = "heldout", num_tasks: int = 200, seed
     return [task_from_row(row, where=f"suite {row['data_source']} row {i}") for i, row in enumerate(rows, 1)]
 
 
-def default_tools(tasks: list[Task]):
-    """An in-process `ToolRegistry` with the built-in tools the tasks name (None when no task names a tool)."""
-    from agentrl.tools.client import ToolRegistry
-    from agentrl.tools.config import ToolsConfig
+def default_tools(tasks: list[Task], *, sandbox_url: str | None = None):
+    """An in-process `ToolRegistry` with the built-in tools the tasks name (None when no task names a tool).
 
-    names = sorted({name for task in tasks for name in (task.tools or [])})
+    calculator and lookup run entirely in this process; python runs its code in the sandbox at `sandbox_url`.
+    """
+    from agentrl.tools.client import ToolRegistry
+    from agentrl.tools.config import BUILTIN_TOOLS, ToolsConfig
+
     if any(task.tools is None for task in tasks):
         raise ValueError("some tasks allow every tool (tools: null), so the tool set cannot be inferred; pass "
                          "tools=ToolRegistry.from_config(...) (CLI: --tools-config FILE)")
+    names = sorted({name for task in tasks for name in (task.tools or [])})
     if not names:
         return None
-    remote = [n for n in names if n not in IN_PROCESS_TOOLS]
-    if remote:
-        raise ValueError(f"the tasks use tool(s) {remote} that need a service (e.g. python needs the sandbox); "
-                         f"start it and pass tools=ToolRegistry.from_config(...) (CLI: --tools-config FILE); "
-                         f"in-process built-ins: {', '.join(IN_PROCESS_TOOLS)}")
-    return ToolRegistry.from_tools_config(ToolsConfig(builtin=names))
+    unknown = [n for n in names if n not in BUILTIN_TOOLS]
+    if unknown:
+        raise ValueError(f"the tasks use tool(s) {unknown} that are not built in ({', '.join(BUILTIN_TOOLS)}); "
+                         "pass tools=ToolRegistry.from_config(...) (CLI: --tools-config FILE)")
+    kwargs = builtin_tools_kwargs(names, sandbox_url)
+    return ToolRegistry.from_tools_config(ToolsConfig(builtin=names, tools_kwargs=kwargs))
+
+
+def builtin_tools_kwargs(names: list[str], sandbox_url: str | None) -> dict[str, dict]:
+    """Session defaults the built-in tools need: the python tool's sandbox (required when python is used)."""
+    if "python" not in names:
+        return {}
+    if not sandbox_url:
+        raise ValueError("the python tool runs code in the sandbox: start one (`agentrl sandbox serve --port 8080`) "
+                         "and set reward_config.sandbox_url (CLI: --sandbox-url http://127.0.0.1:8080)")
+    return {"python": {"sandbox_url": sandbox_url}}
 
 
 async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks: Iterable[int] | None = None,
@@ -150,6 +162,10 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
     engine_config = engine_config or EngineConfig()
     agent_config = agent_config or AgentLoopConfig()
     reward_config = reward_config or RewardConfig()
+    if reward_config.sandbox_url is None and any(t.reward.get("type") == "unit_tests" for t in tasks):
+        # otherwise every episode would fail in its grader and be reported as an infra failure
+        raise ValueError("the tasks have unit_tests rewards, which run in the sandbox: set reward_config.sandbox_url "
+                         "(CLI: --sandbox-url http://127.0.0.1:PORT, after `agentrl sandbox serve`)")
     sampling = RolloutConfig(n=n, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                              max_concurrent_episodes=max_concurrent_episodes, dump_episodes=run_dir is not None)
     out = Path(run_dir) if run_dir is not None else None
@@ -158,7 +174,7 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
         (out / EPISODES_FILE).unlink(missing_ok=True)  # RolloutManager appends; one evaluation per directory
 
     own_tools = tools is None
-    registry = default_tools(tasks) if own_tools else tools
+    registry = default_tools(tasks, sandbox_url=reward_config.sandbox_url) if own_tools else tools
     own_engine = engine is None
     t_start = time.monotonic()
     try:
@@ -339,5 +355,5 @@ def load_eval(run_dir: str | Path) -> dict:
     return json.loads(p.read_text())
 
 
-__all__ = ["evaluate", "suite_tasks", "default_tools", "default_ks", "resolve_temperature", "task_results",
-           "infra_failures", "eval_markdown", "compare_markdown", "load_eval", "model_label", "EVAL_JSON", "EVAL_MD"]
+__all__ = ["evaluate", "suite_tasks", "default_tools", "builtin_tools_kwargs", "default_ks", "resolve_temperature",
+           "task_results", "infra_failures", "eval_markdown", "compare_markdown", "load_eval", "model_label", "EVAL_JSON", "EVAL_MD"]

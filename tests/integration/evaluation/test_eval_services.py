@@ -48,15 +48,48 @@ def test_cli_serve_tools_and_compare_with_a_second_model(tiny_model_dir, tmp_pat
 
     twin = shutil.copytree(tiny_model_dir, tmp_path / "twin")
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(tiny_model_dir), "--suite", "calc,lookup", "--num-tasks", "2",
+    assert main(["eval", "--model", str(tiny_model_dir), "--suite", "calc,lookup", "--num-tasks", "1",
                  "--serve-tools", "--out", str(out), "--name", "base", "--compare", str(twin),
                  "-o", "agent.max_new_tokens_per_turn=8", "-o", "agent.max_assistant_turns=2"]) == 0
     first, second = load_eval(out), load_eval(out / "compare-twin")
     for record in (first, second):
-        assert record["summary"]["num_tasks"] == 4
+        assert record["summary"]["num_tasks"] == 2
         assert set(record["config"]["tools"]["served_by"].values()) == {"eval-tools"}
     # greedy decoding of identical weights: identical per-task outcomes
     assert [t["answer"] for t in first["tasks"]] == [t["answer"] for t in second["tasks"]]
     report = (out / "compare.md").read_text()
-    assert "| metric | base | twin |" in report and "tied on 4" in report and "## lookup/heldout" in report
+    assert "| metric | base | twin |" in report and "tied on 2" in report and "## lookup/heldout" in report
     assert report in capsys.readouterr().out
+
+
+def _bwrap_missing() -> str | None:
+    import os
+
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (make bwrap)"
+    if os.geteuid() != 0:
+        return "the sandbox's cgroup limits need root"
+    return None
+
+
+async def test_code_suite_runs_python_and_unit_tests_in_the_sandbox(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from agentrl.agent_loop.config import RewardConfig
+    from helpers import free_port, service
+
+    if _bwrap_missing():
+        pytest.skip(_bwrap_missing())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = suite_tasks("code", num_tasks=3, out_dir=tmp_path / "data")
+    url = f"http://127.0.0.1:{free_port()}"
+    with service(["python", "-m", "sandbox", "serve", "--port", url.rsplit(":", 1)[1]], f"{url}/v1/ping"):
+        engine = SolverEngine(tokenizer, tasks, ["right", "wrong", "detour"])
+        summary = await evaluate(tiny_model_dir, tasks, engine=engine, reward_config=RewardConfig(sandbox_url=url),
+                                 run_dir=tmp_path / "run")
+    # the python tool ran each draft in a sandbox session; the unit tests passed for the two right solutions
+    assert summary["infra_failed_episodes"] == 0
+    assert summary["pass@1"] == pytest.approx(2 / 3)
+    assert summary["tool_errors_by_kind"] == {"unknown_tool": 1}
+    record = load_eval(tmp_path / "run")
+    assert record["config"]["tools"]["names"] == ["python"]

@@ -47,16 +47,20 @@ class SolverEngine:
         sample = int((session_id or "x-0").rsplit("-", 1)[1])
         tool = task.tools[0]
         argument = {"calculator": {"expression": task.extra.get("expression")},
-                    "lookup": {"entity": task.extra.get("entity")}}[tool]
+                    "lookup": {"entity": task.extra.get("entity")},
+                    "python": {"code": f"{task.extra.get('solution')}\n"
+                                       f"print({task.reward.get('entry_point')}({task.extra.get('example')}))"}}[tool]
+        wrong = kind == "wrong" or (kind == "flaky" and sample != 0)
         if kind == "detour" and not responses:
             reply = _call("abacus", argument)
         elif not responses or responses[-1].startswith("Error"):
             reply = _call(tool, argument)
+        elif tool == "python":
+            code = f"def {task.reward['entry_point']}(xs):\n    return -1" if wrong else task.extra["solution"]
+            reply = f"```python\n{code}\n```"
         else:
             answer = str(task.reward["ground_truth"]) if tool == "lookup" else responses[-1].strip()
-            if kind == "wrong" or (kind == "flaky" and sample != 0):
-                answer = "wrong " + answer + "1"
-            reply = f"<answer>{answer}</answer>"
+            reply = f"<answer>{'wrong ' + answer + '1' if wrong else answer}</answer>"
         ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.end_of_turn_id]
         return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
 
@@ -139,7 +143,7 @@ async def test_bad_inputs_fail_before_any_rollout(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="neither a task file"):
         suite_tasks("calculus")
     code = suite_tasks("code", num_tasks=1)
-    with pytest.raises(ValueError, match="python.*need a service"):
+    with pytest.raises(ValueError, match="unit_tests rewards, which run in the sandbox"):
         await evaluate(tiny_model_dir, code, engine=object())
 
 
