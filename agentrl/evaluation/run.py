@@ -325,7 +325,10 @@ def _paired(names: list[str], records: list[dict]) -> str:
     common = [tid for tid in a if tid in b and a[tid]["valid"] and b[tid]["valid"]]
     if not common:
         return "**Warning:** the two runs share no task ids, so no per-task comparison is possible.\n"
-    rate = lambda row: row["correct"] / row["valid"]  # noqa: E731
+
+    def rate(row: dict) -> float:
+        return row["correct"] / row["valid"]
+
     wins_a = sum(rate(a[t]) > rate(b[t]) for t in common)
     wins_b = sum(rate(a[t]) < rate(b[t]) for t in common)
     line = (f"Per task ({len(common)} tasks valid in both): {names[0]} better on {wins_a}, {names[1]} better on "
