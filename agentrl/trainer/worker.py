@@ -16,6 +16,7 @@ multiplied by the world size before backward.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import socket
@@ -378,6 +379,8 @@ class WorkerGroup:
 
     def __init__(self, model: ModelConfig, actor: ActorConfig, *, with_ref: bool = False, total_steps: int = 1,
                  seed: int = 0, deterministic: bool = False, use_ray: bool = True):
+        # Ray workers may not share the driver's working directory: hand them absolute paths.
+        model = dataclasses.replace(model, path=str(Path(model.path).resolve()))
         self.model_cfg, self.actor, self.use_ray = model, actor, use_ray
         self.world_size = actor.world_size
         kwargs = {"world_size": self.world_size, "with_ref": with_ref, "total_steps": total_steps, "seed": seed,
@@ -470,10 +473,10 @@ class WorkerGroup:
         return self._call("full_state_dict")[0]
 
     def save_checkpoint(self, path: str | Path) -> None:
-        self._call("save_checkpoint", [(str(path),)] * self.world_size)
+        self._call("save_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
 
     def load_checkpoint(self, path: str | Path) -> None:
-        self._call("load_checkpoint", [(str(path),)] * self.world_size)
+        self._call("load_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
 
     def shutdown(self) -> None:
         self._call("shutdown")
