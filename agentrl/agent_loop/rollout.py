@@ -29,7 +29,7 @@ EPISODES_FILE = "episodes.jsonl"
 class RolloutManager:
     def __init__(self, engine, tokenizer, tools, agent_config: AgentLoopConfig, rollout_config: RolloutConfig,
                  reward_config: RewardConfig, run_dir: str | Path | None = None):
-        self.loop = ToolAgentLoop(engine, tokenizer, tools, agent_config)
+        self.agent = ToolAgentLoop(engine, tokenizer, tools, agent_config)
         self.tools = tools
         self.rollout_config = rollout_config
         self.reward_config = reward_config
@@ -56,7 +56,7 @@ class RolloutManager:
 
         async def one(index: int, task: Task, sample: int) -> Episode:
             async with slots:
-                episode = await self._episode(task, uid=f"step{step}-{call}-task{index}", sample=sample, step=step)
+                episode = await self._episode(task, uid=f"step{step}-{call}-task{index}", sample=sample)
             if progress is not None:
                 progress.update(1)
             return episode
@@ -72,12 +72,12 @@ class RolloutManager:
             write_episodes(self.run_dir / EPISODES_FILE, episodes, step=step, n=n)
         return episodes
 
-    async def _episode(self, task: Task, *, uid: str, sample: int, step: int) -> Episode:
+    async def _episode(self, task: Task, *, uid: str, sample: int) -> Episode:
         cfg = self.rollout_config
         seed = None if cfg.seed is None else zlib.crc32(f"{cfg.seed}/{uid}/{sample}".encode())
         sampling = SamplingParams(max_new_tokens=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                   seed=seed)
-        episode = await self.loop.run(task, sampling=sampling, uid=uid, session_id=f"{uid}-{sample}")
+        episode = await self.agent.run(task, sampling=sampling, uid=uid, session_id=f"{uid}-{sample}")
         episode.metrics["sample_index"] = sample
         if episode.infra_error:
             return episode
