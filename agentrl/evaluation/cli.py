@@ -162,6 +162,14 @@ def _tasks_source(args: argparse.Namespace) -> str:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    try:
+        return _run_eval(args)
+    except (ValueError, FileNotFoundError) as e:  # bad suite, config key, task file, reward spec: the user's to fix
+        print(f"agentrl eval: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run_eval(args: argparse.Namespace) -> int:
     from agentrl.evaluation.run import EVAL_MD, compare_markdown, load_eval, model_label, suite_tasks
 
     model = Path(args.model)
