@@ -88,13 +88,18 @@ class PaddedKVBatch:
         lengths = [*self.lengths, *row_lengths]
         width = max(lengths)
         row_layer_lists = [_check_layers(c) for c in row_caches]
-        old_layers = self.cache.layers if self.cache is not None and old_rows else []
         new_layers = []
         for li, proto in enumerate(row_layer_lists[0]):
-            sources = [(layer.k_buf[j, :, old_width - n:old_width], layer.v_buf[j, :, old_width - n:old_width])
-                       for layer in old_layers[li:li + 1] for j, n in enumerate(self.lengths)]
-            sources += [(layers[li].keys[0], layers[li].values[0]) for layers in row_layer_lists]
-            new_layers.append(self._build(proto.keys, sources, lengths, width))
+            k_buf, v_buf = self._alloc(proto.keys, len(lengths), width)
+            for buf, name in ((k_buf, "k_buf"), (v_buf, "v_buf")):
+                if old_rows:  # the old block keeps its zero pads; only the new left margin is zeroed
+                    buf[:old_rows, :, width - old_width:width] = getattr(self.cache.layers[li], name)[:, :, :old_width]
+                    buf[:old_rows, :, :width - old_width].zero_()
+                for j, (layers, n) in enumerate(zip(row_layer_lists, row_lengths)):
+                    row = old_rows + j
+                    buf[row, :, width - n:width] = (layers[li].keys if name == "k_buf" else layers[li].values)[0]
+                    buf[row, :, :width - n].zero_()
+            new_layers.append(_SlotLayer(k_buf, v_buf, width, self.max_width))
         self._install(new_layers)
         self.lengths = lengths
 
@@ -108,30 +113,22 @@ class PaddedKVBatch:
         old_width = self.width
         lengths = [self.lengths[i] for i in rows]
         width = max(lengths)
+        index = torch.tensor(rows, dtype=torch.long, device=self.cache.layers[0].k_buf.device)
         new_layers = []
         for layer in self.cache.layers:
-            sources = [(layer.k_buf[i, :, old_width - n:old_width], layer.v_buf[i, :, old_width - n:old_width])
-                       for i, n in zip(rows, lengths)]
-            new_layers.append(self._build(layer.k_buf, sources, lengths, width))
+            # rows stay right-aligned, so the last `width` old columns hold each kept row plus its zero pads
+            k_buf, v_buf = self._alloc(layer.k_buf, len(rows), width)
+            k_buf[:, :, :width] = layer.k_buf[:, :, old_width - width:old_width].index_select(0, index)
+            v_buf[:, :, :width] = layer.v_buf[:, :, old_width - width:old_width].index_select(0, index)
+            new_layers.append(_SlotLayer(k_buf, v_buf, width, self.max_width))
         self._install(new_layers)
         self.lengths = lengths
 
-    def _build(self, like: torch.Tensor, rows: list[tuple[torch.Tensor, torch.Tensor]], lengths: list[int],
-               width: int) -> _SlotLayer:
-        """A layer buffer holding `rows` (per-row K/V [kv_heads, n, head_dim]) right-aligned at `width`.
-
-        Only the left pads are zeroed: columns past `width` are written before they are ever read.
-        """
-        shape = (len(rows), like.shape[1], self._capacity(width), like.shape[3])
-        k_buf = torch.empty(shape, dtype=like.dtype, device=like.device)
-        v_buf = torch.empty(shape, dtype=like.dtype, device=like.device)
-        for j, ((k, v), n) in enumerate(zip(rows, lengths)):
-            k_buf[j, :, width - n:width] = k
-            v_buf[j, :, width - n:width] = v
-            if n < width:
-                k_buf[j, :, :width - n].zero_()
-                v_buf[j, :, :width - n].zero_()
-        return _SlotLayer(k_buf, v_buf, width, self.max_width)
+    def _alloc(self, like: torch.Tensor, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uninitialised K and V buffers with headroom; columns past `width` are written before they are read."""
+        shape = (rows, like.shape[1], self._capacity(width), like.shape[3])
+        return (torch.empty(shape, dtype=like.dtype, device=like.device),
+                torch.empty(shape, dtype=like.dtype, device=like.device))
 
     def _install(self, layers: list[_SlotLayer]) -> None:
         if self.cache is None:
