@@ -155,3 +155,14 @@ async def test_cancelled_generate_aborts_its_request_on_the_server():
     assert aborts == [(generates[0], {"rid": "ep7-turn2"})]
     assert eng.in_flight == [0, 0]
     await eng.close()
+
+
+def test_launch_sglang_cli_dry_run_prints_one_command_per_server(capsys):
+    from agentrl.cli import main
+
+    assert main(["engine", "launch-sglang", "--model", "/models/qwen", "--num-servers", "2", "--tp", "1",
+                 "--gpus", "4,5", "--dry-run", "--", "--log-level", "warning"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("CUDA_VISIBLE_DEVICES=4 ") and lines[1].startswith("CUDA_VISIBLE_DEVICES=5 ")
+    assert "--port 30001" in lines[1] and lines[1].endswith("--log-level warning")
