@@ -117,6 +117,15 @@ class Warm:
         self.cgroup = cgroup
         self.workdir = workdir  # host temp dir, only without bwrap
 
+    def signal_all(self) -> None:
+        """One quick SIGKILL pass over the sandbox, inline (no thread hop): enough when nothing is forking."""
+        if self.cgroup is not None:
+            for pid in self.cgroup.procs():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
     async def kill(self) -> None:
         """Kill everything the sandbox started (through its cgroup: daemonised children too) and reap bwrap."""
         if self.cgroup is not None:
@@ -144,6 +153,7 @@ class BwrapBackend:
         self._spawning = 0
         self._wake = asyncio.Event()
         self._refill_task: asyncio.Task | None = None
+        self._disposing: set[asyncio.Task] = set()
         self._closing = False
         self.spawn_failures = 0
         self.last_spawn_error = ""
@@ -307,7 +317,10 @@ class BwrapBackend:
         try:
             return await self._execute_in(warm, req)
         finally:
-            await self._dispose(warm)
+            # Reaping bwrap and recycling the cgroup happen off the response path.
+            task = asyncio.create_task(self._dispose(warm))
+            self._disposing.add(task)
+            task.add_done_callback(self._disposing.discard)
 
     async def _execute_in(self, warm: Warm, req: ExecRequest) -> ExecResult:
         cfg, cg, proc = self.cfg, warm.cgroup, warm.proc
@@ -332,9 +345,15 @@ class BwrapBackend:
         except asyncio.TimeoutError:
             reasons.append("timeout")
         elapsed = time.monotonic() - started
-        await warm.kill()
         feeder.cancel()
-        done, pending = await asyncio.wait(drains, timeout=2)
+        if result is not None:
+            warm.signal_all()  # the program is done; its leftovers (daemons) die with the sandbox
+            done, pending = await asyncio.wait(drains, timeout=0.05)
+        else:
+            pending = set(drains)
+        if pending:  # something still holds the pipes (a fork bomb, a dead runner): kill until empty
+            await warm.kill()
+            done, pending = await asyncio.wait(drains, timeout=2)
         for task in pending:
             task.cancel()
         counters = cg.counters().delta(base) if cg is not None else None
@@ -407,5 +426,7 @@ class BwrapBackend:
             await asyncio.sleep(0.01)
         while not self._ready.empty():
             await self._dispose(self._ready.get_nowait())
+        if self._disposing:
+            await asyncio.wait(set(self._disposing), timeout=10)
         if self.cgroups is not None:
             await asyncio.to_thread(self.cgroups.close)
