@@ -170,7 +170,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from agentrl.evaluation.run import EVAL_MD, compare_markdown, load_eval, model_label, suite_tasks
+    from agentrl.evaluation.run import EVAL_MD, compare_markdown, load_eval, model_label, suite_tasks, unique_names
 
     model = Path(args.model)
     compare = Path(args.compare) if args.compare else None
@@ -198,7 +198,8 @@ def _run_eval(args: argparse.Namespace) -> int:
         first["name"] = args.name
     if compare is None:
         print((out / EVAL_MD).read_text())
-        print(f"wrote {out / 'eval.json'} and {out / EVAL_MD}", file=sys.stderr)
+        note = _curves({first["name"]: first}, out)
+        print(f"wrote {out / 'eval.json'} and {out / EVAL_MD}{note}", file=sys.stderr)
         return 0
     if _is_model_dir(compare):
         second = _evaluate_model(args, cfg, tasks, compare, compare_out, args.compare_name)
@@ -210,8 +211,18 @@ def _run_eval(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(report)
     print(report)
-    print(f"wrote {out / 'compare.md'}", file=sys.stderr)
+    names = unique_names([first["name"], second["name"]])
+    print(f"wrote {out / 'compare.md'}" + _curves(dict(zip(names, (first, second))), out), file=sys.stderr)
     return 0
+
+
+def _curves(records: dict[str, dict], out: Path) -> str:
+    """Write out/pass_at_k.png when some run drew several samples per task; returns a note for the log."""
+    from agentrl.evaluation.plots import plot_pass_at_k
+
+    if all(r["settings"]["n"] == 1 for r in records.values()):
+        return ""
+    return f" and {plot_pass_at_k(records, out / 'pass_at_k.png')}"
 
 
 def _positive_int(text: str) -> int:

@@ -359,4 +359,5 @@ def load_eval(run_dir: str | Path) -> dict:
 
 
 __all__ = ["evaluate", "suite_tasks", "default_tools", "builtin_tools_kwargs", "default_ks", "resolve_temperature",
-           "task_results", "infra_failures", "eval_markdown", "compare_markdown", "load_eval", "model_label", "EVAL_JSON", "EVAL_MD"]
+           "task_results", "infra_failures", "eval_markdown", "compare_markdown", "unique_names", "load_eval",
+           "model_label", "EVAL_JSON", "EVAL_MD"]

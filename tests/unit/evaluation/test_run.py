@@ -12,6 +12,7 @@ import re
 import pytest
 
 from agentrl.evaluation.metrics import summarize
+from agentrl.evaluation.plots import pass_at_k_curve, plot_pass_at_k
 from agentrl.evaluation.run import (EVAL_JSON, EVAL_MD, compare_markdown, default_ks, evaluate, load_eval,
                                     resolve_temperature, suite_tasks)
 from agentrl.inference.base import EngineError
@@ -115,6 +116,9 @@ async def test_evaluate_writes_consistent_eval_json_and_markdown(tiny_model_dir,
     markdown = (run_dir / EVAL_MD).read_text()
     assert "| pass@1 | 62.5% |" in markdown and "| pass@2 | 75.0% |" in markdown
     assert "unknown_tool 4" in markdown and "infra-failed episodes (excluded from success rates): 2" in markdown
+    assert pass_at_k_curve(record) == [(1, pytest.approx(0.625)), (2, pytest.approx(0.75))]
+    png = plot_pass_at_k({"solver": record}, tmp_path / "curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 async def test_lookup_suite_uses_its_knowledge_base_in_process(tiny_model_dir, tokenizer, tmp_path):
@@ -164,13 +168,15 @@ def test_cli_smoke_on_tiny_model_and_compare_with_finished_run(tiny_model_dir, t
     from agentrl.cli import main
 
     out = tmp_path / "tiny"
-    args = ["eval", "--model", str(tiny_model_dir), "--suite", "calc", "--num-tasks", "3", "--out", str(out),
-            "--name", "tiny", "-o", "agent.max_new_tokens_per_turn=8", "-o", "agent.max_assistant_turns=2"]
+    args = ["eval", "--model", str(tiny_model_dir), "--suite", "calc", "--num-tasks", "3", "--n", "2", "--out",
+            str(out), "--name", "tiny", "-o", "agent.max_new_tokens_per_turn=8", "-o", "agent.max_assistant_turns=2"]
     assert main(args) == 0
     record = load_eval(out)
-    assert record["summary"]["num_tasks"] == 3 and record["settings"]["greedy"] is True
+    assert record["summary"]["num_tasks"] == 3 and record["summary"]["num_episodes"] == 6
+    assert record["settings"]["temperature"] == 1.0 and record["settings"]["ks"] == [1, 2]
     assert record["config"]["agent"]["max_new_tokens_per_turn"] == 8
-    assert (out / "tasks.jsonl").is_file() and (out / "episodes.jsonl").is_file()
+    for name in ("tasks.jsonl", "episodes.jsonl", "pass_at_k.png"):
+        assert (out / name).is_file(), name
     assert "| pass@1 |" in capsys.readouterr().out
 
     assert main(["eval", "--model", str(out), "--compare", str(out), "--compare-name", "again"]) == 0
