@@ -116,3 +116,15 @@ def test_glue_after_tool_turn_includes_newline_after_im_end(which, request, regi
     text = tokenizer.decode(delta.ids)
     assert delta.mode == "full"
     assert text == "\n<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_thinking_and_calls_written_while_thinking_are_consistent(tokenizer, registry):
+    script = [
+        model_turn("<think>Maybe " + model_turn("", [("echo", {"text": "no"})]) + " first? No.</think>Adding.",
+                   [("add", {"a": 2, "b": 3})]),
+        "<think>5 it is.</think><answer>5</answer>",
+    ]
+    episode, engine = await _run(tokenizer, registry, script)
+    assert [c["name"] for c in episode.tool_calls] == ["add"]  # the call inside <think> did not run
+    assert episode.finish_reason == "stop"
+    assert_consistent(episode, engine, tokenizer, registry.schemas(["add", "echo", "repeat"]))
