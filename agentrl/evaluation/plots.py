@@ -25,6 +25,7 @@ def pass_at_k_curve(record: dict) -> list[tuple[int, float]]:
 def plot_pass_at_k(records: dict[str, dict], out: str | Path) -> Path:
     """Write a PNG with one pass@k curve per named record (log-2 k axis); returns the path."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")  # files only: no display on servers
     import matplotlib.pyplot as plt
@@ -37,9 +38,10 @@ def plot_pass_at_k(records: dict[str, dict], out: str | Path) -> Path:
             if curve:
                 ax.plot([k for k, _ in curve], [p for _, p in curve], marker="o", label=name)
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))  # 1 2 4 8, not 2^0 2^1 ...
         ax.set_xlabel("k (samples)")
         ax.set_ylabel("pass@k")
-        ax.set_ylim(0.0, 1.0)
+        ax.set_ylim(0.0, 1.03)
         ax.grid(True, alpha=0.3)
         ax.legend()
         ax.set_title("pass@k (unbiased estimator)")
