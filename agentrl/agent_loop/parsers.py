@@ -36,7 +36,13 @@ _OPEN = "<tool_call>"
 
 def _mask_think(text: str) -> str:
     """`text` with every <think>...</think> block (an unclosed one runs to the end) blanked out, same length,
-    so that tags written while reasoning neither count as calls nor pair with tags outside the block."""
+    so that tags written while reasoning neither count as calls nor pair with tags outside the block. A
+    </think> with no <think> before it closes a block the generation prompt opened (Qwen3 templates end the
+    prompt with "<think>\n"): everything before it is reasoning too."""
+    close, open_ = text.find("</think>"), text.find("<think>")
+    if close >= 0 and (open_ < 0 or close < open_):
+        end = close + len("</think>")
+        text = "\0" * end + text[end:]
     return _THINK.sub(lambda m: "\0" * (m.end() - m.start()), text)
 
 

@@ -62,3 +62,10 @@ def test_calls_inside_think_are_ignored_even_if_unbalanced():
 def test_unknown_parser_name():
     with pytest.raises(ValueError, match="hermes"):
         make_parser("qwen3_coder")
+
+
+def test_think_opened_by_the_generation_prompt():
+    # Qwen3-style prompts end with "<think>\n": the model's text holds only the closing tag
+    parsed = HermesParser().parse("maybe " + CALL + "\n</think>\n\n" + CALL.replace("add", "mul"))
+    assert [c.name for c in parsed.calls] == ["mul"]
+    assert parsed.content.startswith("maybe <tool_call>")
