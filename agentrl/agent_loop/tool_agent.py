@@ -59,6 +59,7 @@ class _State:
     finish_reason: str = ""
     infra_error: bool = False
     metrics: dict = field(default_factory=dict)
+    phase: str = "start"  # what the episode is waiting for: "engine" or "tools" (reported on a timeout)
 
     def add_model_turn(self, ids: list[int], logprobs: list[float], turn: int) -> None:
         self.response_ids += ids
@@ -133,6 +134,7 @@ class ToolAgentLoop:
             if not timeout.expired():
                 raise
             state.finish("timeout", "episode_timeout", infra=self.config.timeout_is_infra_error)
+            state.metrics["timeout_phase"] = state.phase
         state.metrics["wall_s"] = time.monotonic() - started
         state.metrics["response_tokens"] = len(state.response_ids)
         state.metrics["policy_tokens"] = sum(state.mask)
@@ -197,8 +199,11 @@ class ToolAgentLoop:
                 state.finish("max_turns", "max_assistant_turns")
                 return
             t0 = time.monotonic()
-            observations = await self._run_calls(parsed.calls, allowed, tool_session, turn, state)
-            state.metrics["tool_s"] += time.monotonic() - t0
+            state.phase = "tools"
+            try:
+                observations = await self._run_calls(parsed.calls, allowed, tool_session, turn, state)
+            finally:  # also when the episode timeout cancels the calls
+                state.metrics["tool_s"] += time.monotonic() - t0
             if observations is None:
                 return  # infra error, recorded by _run_calls
             delta = template.delta_ids(state.messages, observations)
@@ -227,6 +232,7 @@ class ToolAgentLoop:
     async def _sample(self, state: _State, params: SamplingParams, session_id: str):
         """One engine call; None (with the episode finished) on an engine fault or a full context."""
         t0 = time.monotonic()
+        state.phase = "engine"
         try:
             gen = await self._generate(state.prompt_ids + state.response_ids, params, session_id)
         except PromptTooLongError as e:
