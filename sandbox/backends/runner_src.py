@@ -148,13 +148,23 @@ def _child(req):
     sys.argv = ["-c", *req.get("argv", [])]
     if req["language"] == "python":
         status = _run_python(req["code"])
+        # What `python -c` does at exit that a program can observe: non-daemon threads are joined, atexit
+        # handlers run, buffers are flushed. The rest of interpreter finalisation is skipped: in a forked child
+        # it touches every inherited page (copy-on-write) and costs ~8 ms for nothing.
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except BaseException:
-            pass
-        # A normal interpreter exit: atexit handlers and non-daemon threads finish, as after `python -c`.
-        sys.exit(status)
+            if "threading" in sys.modules:
+                sys.modules["threading"]._shutdown()
+            import atexit
+
+            atexit._run_exitfuncs()
+        except BaseException as e:  # noqa: BLE001 - the program's own exit-time failure, reported like Python does
+            print(f"Exception ignored at exit: {e!r}", file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001 - a closed or broken stream must not change the exit status
+                pass
+        os._exit(status)
     interpreter = req["interpreter"]
     script = os.path.join(req["script_dir"], f".main{req['suffix']}")
     with open(script, "w") as f:
@@ -190,6 +200,9 @@ def main():
     except (OSError, ValueError) as e:
         _frame(result_fd, {"setup_error": f"could not write files: {e}"})
         os._exit(0)
+    import gc
+
+    gc.freeze()  # the runner's objects move to a permanent generation: the child's GC never touches their pages
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
