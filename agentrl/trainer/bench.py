@@ -5,7 +5,8 @@
 
 Both strategies get the same padded-token memory budget per forward (`--micro-rows` x the longest row) and
 the same batch (ragged lengths drawn uniformly from [min-len, max-len]); tokens/s counts real tokens only.
-Runs one in-process FSDP2 rank (gloo), so it measures the padding strategy, not communication.
+Runs one in-process FSDP2 rank (gloo), so it measures the padding strategy, not communication. The two
+strategies alternate (median of `--repeats` each, after a warm-up round) so a change in machine load hits both.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len", type=int, default=512)
     parser.add_argument("--micro-rows", type=int, default=4, help="rows per micro-batch of the naive strategy")
     parser.add_argument("--repeats", type=int, default=3, help="timed updates per strategy (after one warm-up)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on a shared machine more threads mostly measure contention)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -72,18 +74,20 @@ def run(args: argparse.Namespace) -> int:
     group = WorkerGroup(ModelConfig(path=model_path), actor, total_steps=100, use_ray=False)
     try:
         batch["old_logprobs"], _ = group.compute_logprobs(batch, temperature=1.0)
-        results = {}
-        for strategy in ("full", "bucket"):
-            plan = plan_micro_batches(lens, world_size=1, max_tokens=budget, max_rows=args.micro_rows,
-                                      strategy=strategy)
-            group.update_policy(batch, temperature=1.0, mini_batch_size=len(eps), shuffle=False, strategy=strategy)
-            times = []
-            for _ in range(args.repeats):
+        strategies = ("full", "bucket")
+        times: dict[str, list[float]] = {s: [] for s in strategies}
+        for repeat in range(args.repeats + 1):  # interleaved, so load changes hit both alike; round 0 warms up
+            for strategy in strategies:
                 t0 = time.perf_counter()
                 group.update_policy(batch, temperature=1.0, mini_batch_size=len(eps), shuffle=False,
                                     strategy=strategy)
-                times.append(time.perf_counter() - t0)
-            results[strategy] = (statistics.median(times), plan.padded_tokens(), plan.num_micro_batches)
+                if repeat:
+                    times[strategy].append(time.perf_counter() - t0)
+        results = {}
+        for strategy in strategies:
+            plan = plan_micro_batches(lens, world_size=1, max_tokens=budget, max_rows=args.micro_rows,
+                                      strategy=strategy)
+            results[strategy] = (statistics.median(times[strategy]), plan.padded_tokens(), plan.num_micro_batches)
     finally:
         group.shutdown()
         if tmp is not None:
