@@ -38,14 +38,28 @@ class HeadTail:
         return bytes(self.head).decode("utf-8", errors="replace") + marker + tail.decode("utf-8", errors="replace")
 
 
-async def drain(reader: asyncio.StreamReader, sink: HeadTail, kill_at: int, on_limit) -> None:
-    """Read `reader` to EOF into `sink`; call `on_limit()` once when more than `kill_at` bytes arrived."""
+async def drain(reader: asyncio.StreamReader, sink: HeadTail, kill_at: int, on_limit, marker: bytes = b"") -> bool:
+    """Read `reader` into `sink` until EOF or `marker`; call `on_limit()` once past `kill_at` bytes.
+
+    Returns True when the marker was seen (the writer's output is complete even if other holders of the pipe,
+    such as daemonised children, have not exited yet)."""
     fired = False
+    pending = b""
     while True:
         chunk = await reader.read(1 << 16)
         if not chunk:
-            return
-        sink.feed(chunk)
+            sink.feed(pending)
+            return False
+        data = pending + chunk
+        pending = b""
+        if marker:
+            idx = data.find(marker)
+            if idx >= 0:
+                sink.feed(data[:idx])
+                return True
+            keep = len(marker) - 1  # a marker may straddle two reads
+            data, pending = data[:-keep], data[-keep:]
+        sink.feed(data)
         if not fired and sink.total > kill_at:
             fired = True
             on_limit()

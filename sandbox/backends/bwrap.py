@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -335,9 +336,12 @@ class BwrapBackend:
                 reasons.append("output_limit")
                 asyncio.create_task(warm.kill())
 
-        drains = [asyncio.create_task(drain(proc.stdout, out, cfg.output_kill_bytes, over_limit)),
-                  asyncio.create_task(drain(proc.stderr, err, cfg.output_kill_bytes, over_limit))]
-        feeder = asyncio.create_task(self._feed(proc, encode_frame(self._payload(req)) + req.stdin))
+        payload = self._payload(req)
+        payload["nonce"] = secrets.token_hex(8)
+        marker = f"\x00agentrl-run-end:{payload['nonce']}\x00".encode()
+        drains = [asyncio.create_task(drain(proc.stdout, out, cfg.output_kill_bytes, over_limit, marker)),
+                  asyncio.create_task(drain(proc.stderr, err, cfg.output_kill_bytes, over_limit, marker))]
+        feeder = asyncio.create_task(self._feed(proc, encode_frame(payload) + req.stdin))
         started = time.monotonic()
         result = None
         try:
@@ -348,7 +352,8 @@ class BwrapBackend:
         feeder.cancel()
         if result is not None:
             warm.signal_all()  # the program is done; its leftovers (daemons) die with the sandbox
-            done, pending = await asyncio.wait(drains, timeout=0.05)
+            # The runner wrote the end marker after the program exited: normally the output is complete now.
+            done, pending = await asyncio.wait(drains, timeout=0.5)
         else:
             pending = set(drains)
         if pending:  # something still holds the pipes (a fork bomb, a dead runner): kill until empty

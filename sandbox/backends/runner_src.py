@@ -203,9 +203,14 @@ def main():
     import gc
 
     gc.freeze()  # the runner's objects move to a permanent generation: the child's GC never touches their pages
+    # Copies of the output pipes, kept to write the end marker once the program has exited: the host then
+    # knows the output is complete without waiting for every other holder of the pipes to die.
+    out_copy, err_copy = os.dup(1), os.dup(2)
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
+        os.close(out_copy)
+        os.close(err_copy)
         try:
             _child(req)
         except SystemExit:
@@ -218,6 +223,13 @@ def main():
         os.dup2(null, fd)
     _, status, usage = os.wait4(pid, 0)
     elapsed = time.monotonic() - start
+    marker = ("\x00agentrl-run-end:%s\x00" % req["nonce"]).encode()
+    for fd in (out_copy, err_copy):
+        try:
+            os.write(fd, marker)
+        except OSError:
+            pass
+        os.close(fd)
     files, errors = _fetch_files(req.get("fetch_files") or [], req["fetch_limit"])
     exit_info = {"code": os.WEXITSTATUS(status)} if os.WIFEXITED(status) else {"signal": os.WTERMSIG(status)}
     _frame(result_fd, {"exit": exit_info, "elapsed": elapsed, "cpu": usage.ru_utime + usage.ru_stime,
