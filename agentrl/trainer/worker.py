@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import socket
 from collections import defaultdict
@@ -100,6 +101,10 @@ class PolicyWorker:
             torch.use_deterministic_algorithms(True)
         use_cuda = self.actor.num_gpus_per_worker > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(self.device)
+            if self.deterministic:  # cuBLAS needs a fixed workspace for deterministic matmuls
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self._owns_group = not dist.is_initialized()
         if self._owns_group:
             dist.init_process_group("nccl" if use_cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
@@ -107,6 +112,10 @@ class PolicyWorker:
         elif dist.get_world_size() != self.world_size:
             raise RuntimeError(f"a torch.distributed group of size {dist.get_world_size()} already exists in this "
                                f"process; actor.world_size is {self.world_size}")
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # An explicit mesh: the parameters' device follows actor.num_gpus_per_worker, not whatever is visible.
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         torch.manual_seed(self.seed)
         random.seed(self.seed)
         self.model = self._load(trainable=True)
@@ -134,8 +143,9 @@ class PolicyWorker:
         if not trainable:
             model.requires_grad_(False)
             model.eval()
-        model.to(self.device)  # FSDP2 shards the parameters where they are
-        kwargs = {}
+        # Left on CPU: fully_shard moves each layer to the mesh's device as it shards it, so a GPU never holds
+        # more than one unsharded layer at load time.
+        kwargs = {"mesh": self.mesh}
         if self.device.type == "cuda" and self.model_cfg.mixed_precision != "none":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.model_cfg.mixed_precision],
                                                        reduce_dtype=torch.float32)
