@@ -131,8 +131,9 @@ class Service:
             result = await self.backend.execute(ExecRequest(code="print(6 * 7)", run_timeout=10,
                                                             memory_mb=self.cfg.default_memory_mb))
             ok = result.infra_error is None and result.return_code == 0 and result.stdout == "42\n"
+            error = None if ok else (result.infra_error or f"{result.exit_reason}: {result.stderr[-300:]}")
             self.canary = {"ok": ok, "latency_s": round(time.monotonic() - started, 4), "at": time.time(),
-                           "error": None if ok else (result.infra_error or f"{result.exit_reason}: {result.stderr[-300:]}")}
+                           "error": error}
 
     def language(self, name: str) -> str:
         lang = LANGUAGE_ALIASES.get(name.lower(), name.lower())
@@ -226,10 +227,10 @@ def create_app(cfg: SandboxConfig | None = None) -> FastAPI:
                 log.exception("run_code failed inside the sandbox service")
                 result = ExecResult(status="Error", return_code=None, exit_reason="exit",
                                     infra_error=f"{type(e).__name__}: {e}")
-        bad = {p: why for p, why in result.file_errors.items() if why in ("symlink", "outside")}
-        if bad:
-            raise BadRequest("fetch_files: " + ", ".join(f"{p!r} is a {why} (refused: O_NOFOLLOW)" if why == "symlink"
-                                                         else f"{p!r} is outside the work dir" for p, why in bad.items()))
+        symlinks = [p for p, why in result.file_errors.items() if why == "symlink"]
+        if symlinks:
+            raise BadRequest("fetch_files: " + ", ".join(f"{p!r} is or passes through a symlink (refused: O_NOFOLLOW)"
+                                                         for p in symlinks))
         if result.infra_error is not None:
             svc.counts["sandbox_errors"] += 1
         return to_response(result)

@@ -50,7 +50,8 @@ def python_runtime() -> tuple[str, str]:
 
 def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | None = None) -> list[str]:
     args = [bwrap, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
-            "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+            "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
+            "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
         if os.path.islink(top):
@@ -171,8 +172,8 @@ class BwrapBackend:
                                "--backend docker, or pass --allow-unsafe to run without isolation")
         fd = seccomp.filter_fd() if self.seccomp else None
         try:
-            probe = subprocess.run([*bwrap_args(self.cfg, self.bwrap, self.prefix, fd), self.python, "-I", "-c", "pass"],
-                                   capture_output=True, timeout=30, pass_fds=(fd,) if fd is not None else ())
+            argv = [*bwrap_args(self.cfg, self.bwrap, self.prefix, fd), self.python, "-I", "-S", "-c", "pass"]
+            probe = subprocess.run(argv, capture_output=True, timeout=30, pass_fds=(fd,) if fd is not None else ())
         finally:
             if fd is not None:
                 os.close(fd)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import socket
 import struct
 import time
@@ -123,7 +124,7 @@ class DockerBackend:
         import docker
 
         payload = {"language": req.language, "code": req.code, "files": req.files, "fetch_files": req.fetch_files,
-                   "fetch_limit": self.cfg.max_body_bytes, "script_dir": "/tmp",
+                   "fetch_limit": self.cfg.max_body_bytes, "script_dir": "/tmp", "nonce": secrets.token_hex(8),
                    "rlimits": {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit,
                                "cpu": int(req.run_timeout) + 2}}
         if req.language != "python":
@@ -186,9 +187,11 @@ class DockerBackend:
         exit_reason = reason or ("signal" if sig else "exit")
         if sig == 9 and reason is None:
             exit_reason = "oom"  # nothing else SIGKILLs inside the container but the OOM killer or the code
+        marker = f"\x00agentrl-run-end:{payload['nonce']}\x00"  # the runner's end-of-output marker
         return ExecResult(status="TimeLimitExceeded" if reason == "timeout" else "Finished",
                           return_code=None if reason == "timeout" else (code if code is not None else 137),
-                          exit_reason=exit_reason, stdout=out.text(), stderr=err.text(),
+                          exit_reason=exit_reason, stdout=out.text().replace(marker, ""),
+                          stderr=err.text().replace(marker, ""),
                           truncated=out.truncated or err.truncated, signal=None,
                           execution_time=round(elapsed, 4), files=(result or {}).get("files", {}),
                           file_errors=(result or {}).get("file_errors", {}))

@@ -55,7 +55,15 @@ def _open_beneath(path, flags, mode=0o644, create_dirs=False):
                     os.mkdir(part, 0o755, dir_fd=dir_fd)
                 except FileExistsError:
                     pass
-            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            try:
+                next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            except NotADirectoryError:
+                import errno
+                import stat
+
+                if stat.S_ISLNK(os.lstat(part, dir_fd=dir_fd).st_mode):
+                    raise OSError(errno.ELOOP, "symlink in path", path) from None
+                raise
             os.close(dir_fd)
             dir_fd = next_fd
         return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
@@ -85,7 +93,7 @@ def _fetch_files(paths, limit):
         try:
             fd = _open_beneath(path, os.O_RDONLY)
         except OSError as e:
-            errors[path] = "symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else (
+            errors[path] = "symlink" if e.errno == errno.ELOOP else (
                 "missing" if e.errno == errno.ENOENT else f"{type(e).__name__}: {e.strerror or e}")
             continue
         try:
@@ -223,7 +231,7 @@ def main():
         os.dup2(null, fd)
     _, status, usage = os.wait4(pid, 0)
     elapsed = time.monotonic() - start
-    marker = ("\x00agentrl-run-end:%s\x00" % req["nonce"]).encode()
+    marker = ("\x00agentrl-run-end:%s\x00" % req.get("nonce", "")).encode()
     for fd in (out_copy, err_copy):
         try:
             os.write(fd, marker)

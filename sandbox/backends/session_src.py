@@ -122,7 +122,7 @@ class Session:
             self.finish(cell, error)
 
     def finish(self, cell, error):
-        for attempt in range(3):
+        for _attempt in range(3):
             try:
                 for stream in (sys.stdout, sys.stderr):
                     try:

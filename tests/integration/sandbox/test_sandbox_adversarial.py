@@ -47,7 +47,8 @@ def test_rlimit_nproc_alone_does_not_stop_forks_as_root():
 
 
 def test_thread_bomb_hits_pids_limit(http):
-    code = "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()"
+    code = ("import threading, time\nwhile True:\n"
+            "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()")
     body = run(http, code, run_timeout=2)
     check(body, "Failed", "pids_limit")
     assert "can't start new thread" in body["run_result"]["stderr"]
@@ -225,7 +226,8 @@ def test_no_state_leaks_between_requests(http):
     first = run(http, "import os\nopen('/tmp/leak', 'w').write('1')\nopen('leak', 'w').write('1')\n"
                       "import subprocess\nsubprocess.Popen(['sleep', '4343.5'])\nprint(os.getpid())")
     assert first["status"] == "Success"
-    second = run(http, "import os\nprint(os.path.exists('/tmp/leak'), os.path.exists('leak'), sorted(os.listdir('.')))\n"
+    second = run(http, "import os\n"
+                       "print(os.path.exists('/tmp/leak'), os.path.exists('leak'), sorted(os.listdir('.')))\n"
                        "print([p for p in os.listdir('/proc') if p.isdigit()])")
     lines = second["run_result"]["stdout"].splitlines()
     assert lines[0] == "False False []"

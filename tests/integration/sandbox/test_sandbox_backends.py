@@ -75,3 +75,13 @@ def test_docker_backend_isolates():
             loop = http.post("/run_code", json={"code": "while True: pass", "run_timeout": 1}).json()
             assert loop["run_result"]["status"] == "TimeLimitExceeded"
             assert_benign(http)
+
+
+def test_docker_backend_without_engine_refuses_to_start():
+    if _docker_unavailable() is None:
+        pytest.skip("a Docker engine answers here: test_docker_backend_isolates covers this backend")
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "sandbox", "serve", "--port", str(port), "--backend", "docker"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "docker" in out.stderr.lower() and "--allow-unsafe" in out.stderr

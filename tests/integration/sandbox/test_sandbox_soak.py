@@ -31,16 +31,16 @@ def snapshot(http: httpx.Client) -> dict:
     return {"fds": len(list(Path(f"/proc/{pid}/fd").iterdir())),
             "mounts": len(Path(f"/proc/{pid}/mountinfo").read_text().splitlines()),
             "tmp": sorted(p.name for p in Path("/tmp").glob("agentrl-unsafe-*")),  # the only host temp dirs we make
-            "cgroups": len(cgroup_dirs), "sandbox_procs": procs, "zombies": children.count("Z"),
+            "cgroups": len(cgroup_dirs), "cgroups_in_use": health["cgroups_in_use"], "sandbox_procs": procs, "zombies": children.count("Z"),
             "children": len(children), "warm": health["warm_sandboxes"], "sandbox_errors": health["sandbox_errors"]}
 
 
 def settled(http: httpx.Client, warm_pool: int) -> dict:
-    """Wait (bounded) for the warm pool to refill, then take a snapshot."""
+    """Wait (bounded) until the warm pool is refilled and no disposal is in flight, then take a snapshot."""
     deadline = time.monotonic() + 20
     while True:
         snap = snapshot(http)
-        if snap["warm"] >= warm_pool or time.monotonic() > deadline:
+        if (snap["warm"] >= warm_pool and snap["cgroups_in_use"] == snap["warm"]) or time.monotonic() > deadline:
             return snap
         time.sleep(0.2)
 
@@ -81,7 +81,10 @@ async def test_soak_500_requests_leave_nothing_behind(http, sandbox_url):
     after = settled(http, warm_pool)
     assert after["zombies"] == 0 and after["sandbox_errors"] == 0
     assert after["tmp"] == before["tmp"] and after["mounts"] == before["mounts"]
-    assert after["cgroups"] <= before["cgroups"] + 2, (before, after)
+    # Recycled, not leaked: only the warm sandboxes hold a cgroup, and the pool grew at most by the disposals
+    # that were in flight at one time (bounded by the concurrency, not by the number of requests).
+    assert after["cgroups_in_use"] == after["warm"] == warm_pool, (before, after)
+    assert after["cgroups"] <= before["cgroups"] + CONCURRENCY + warm_pool, (before, after)
     assert after["sandbox_procs"] <= before["sandbox_procs"] + 4, (before, after)  # only warm runners remain
     assert after["fds"] <= before["fds"] + 8, (before, after)
     assert after["children"] <= before["children"] + 2, (before, after)
