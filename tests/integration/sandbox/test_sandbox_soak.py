@@ -32,7 +32,8 @@ def snapshot(http: httpx.Client) -> dict:
             "mounts": len(Path(f"/proc/{pid}/mountinfo").read_text().splitlines()),
             # the only host temp dirs the service makes (unsafe mode); bwrap sandboxes use their own tmpfs
             "tmp": sorted(p.name for p in Path("/tmp").glob("agentrl-unsafe-*")),
-            "cgroups": len(cgroup_dirs), "cgroups_in_use": health["cgroups_in_use"], "sandbox_procs": procs, "zombies": children.count("Z"),
+            "cgroups": len(cgroup_dirs), "cgroups_in_use": health["cgroups_in_use"], "sandbox_procs": procs,
+            "zombies": children.count("Z"),
             "children": len(children), "warm": health["warm_sandboxes"], "sandbox_errors": health["sandbox_errors"]}
 
 
