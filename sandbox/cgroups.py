@@ -215,6 +215,7 @@ class CgroupPool:
             self.parents = {c: CGROUP_ROOT / c / _own_path(c).lstrip("/") / self.name for c in V1_CONTROLLERS}
         else:
             self.parents = {"unified": CGROUP_ROOT / _own_path(None).lstrip("/") / self.name}
+        self._remove_stale()
         try:
             for parent in self.parents.values():
                 parent.mkdir(exist_ok=True)
@@ -226,6 +227,20 @@ class CgroupPool:
         for _ in range(size):
             cg = self._create()
             self._free.append(cg)
+
+    def _remove_stale(self) -> None:
+        """Remove empty cgroups left by an earlier service that was killed (its pid no longer exists)."""
+        for parent in self.parents.values():
+            for old in parent.parent.glob("agentrl-sandbox-*"):
+                pid = old.name.rsplit("-", 1)[-1]
+                if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+                    continue
+                for child in [c for c in old.iterdir() if c.is_dir()] + [old]:
+                    try:
+                        if not (child / "cgroup.procs").read_text().strip():
+                            _rmdir_retry(child, deadline_s=0.2)
+                    except (OSError, CgroupError):
+                        continue
 
     def _create(self) -> Cgroup:
         self._counter += 1

@@ -1,0 +1,49 @@
+"""cgroup pool on this host: limits applied, every process killed (daemons too), stale pools removed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from sandbox.cgroups import CgroupPool, detect_version
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or detect_version() is None,
+                                reason="needs root and cgroup v1/v2 with memory and pids controllers")
+
+
+def test_pool_limits_kill_and_cleanup():
+    pool = CgroupPool(detect_version(), size=2, name=f"agentrl-sandbox-test-{os.getpid()}")
+    try:
+        cg = pool.acquire()
+        cg.set_limits(memory_bytes=64 << 20, pids=16, cpus=0.5)
+        joins = " && ".join(f"echo 0 > {f}" for f in cg.procs_files)
+        # a shell that joins the cgroup, then leaves a setsid'd grandchild behind and exits
+        subprocess.run(["/bin/sh", "-c", f"{joins} && setsid sleep 4747.5 & sleep 0.2"], check=True, timeout=10)
+        time.sleep(0.1)
+        assert len(cg.procs()) >= 1  # the daemon is still in the cgroup after its parent exited
+        cg.kill_all()
+        assert cg.procs() == set()
+        pool.release(cg)
+        assert pool.in_use == 0 and pool.total == 2
+    finally:
+        pool.close()
+    assert not any(p.exists() for p in pool.parents.values())
+
+
+def test_stale_pool_of_a_dead_service_is_removed():
+    stale = CgroupPool(detect_version(), size=1, name="agentrl-sandbox-999999999")  # no such pid
+    try:
+        fresh = CgroupPool(detect_version(), size=1, name=f"agentrl-sandbox-test2-{os.getpid()}")
+        fresh.close()
+        assert not any(p.exists() for p in stale.parents.values())
+    finally:
+        stale._all.clear()
+        for p in stale.parents.values():
+            if p.exists():
+                for child in p.iterdir():
+                    if child.is_dir():
+                        child.rmdir()
+                p.rmdir()
