@@ -1,11 +1,13 @@
 """Runs INSIDE a sandbox (passed as `python -I -S -c <this file's text> RESULT_FD`); stdlib only, no repo imports.
 
-Started ahead of time as part of a warm sandbox, it reports `ready`, then waits for one request frame on stdin
-(4-byte big-endian length + JSON). The bytes after the frame are the program's stdin. It writes the request's
-files into the work dir, forks the program (Python code runs in the already-started interpreter, which is why a
-warm sandbox answers faster than a fresh `python3 -c`), waits for it, reads `fetch_files` without following
-symlinks, and writes one result frame to RESULT_FD. The host enforces time and memory from outside; this
-process only sets the second layer of rlimits for the program.
+Started ahead of time as part of a warm sandbox, it forks the program's process at once (so no fork is on the
+request's path) and reports `ready`. The program process waits for one request frame on stdin (4-byte big-endian
+length + JSON; the bytes after it are the program's stdin), writes the request's files into the work dir, tells
+this supervisor what to collect afterwards, and runs the code: Python in the already started interpreter (which
+is why a warm sandbox answers faster than a fresh `python3 -c`), other languages by exec. The supervisor waits
+for it, writes an end marker on stdout/stderr, reads `fetch_files` without following symlinks, and writes one
+result frame to RESULT_FD. The host enforces time and memory from outside; the program only gets the second
+layer of rlimits here.
 """
 
 import os
@@ -195,54 +197,80 @@ def main():
     else:
         result_fd = int(target)
         os.set_inheritable(result_fd, False)
-    _frame(result_fd, {"ready": True})
-    try:
-        size = int.from_bytes(_read_exact(0, 4), "big")
-        import json
-
-        req = json.loads(_read_exact(0, size))
-    except (EOFError, ValueError):
-        os._exit(3)
-    try:
-        _write_files(req.get("files") or {})
-    except (OSError, ValueError) as e:
-        _frame(result_fd, {"setup_error": f"could not write files: {e}"})
-        os._exit(0)
     import gc
 
     gc.freeze()  # the runner's objects move to a permanent generation: the child's GC never touches their pages
+    # The program's process is forked now, before any request, and waits for it on stdin: no fork on the
+    # request's path. It tells this supervisor what to do afterwards (fetch_files, ...) through `meta`.
+    meta_r, meta_w = os.pipe()
     # Copies of the output pipes, kept to write the end marker once the program has exited: the host then
     # knows the output is complete without waiting for every other holder of the pipes to die.
     out_copy, err_copy = os.dup(1), os.dup(2)
-    start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        os.close(out_copy)
-        os.close(err_copy)
-        try:
-            _child(req)
-        except SystemExit:
-            raise  # the program's exit status, through a normal interpreter shutdown
-        except BaseException as e:
-            print(f"sandbox runner: {type(e).__name__}: {e}", file=sys.stderr)
-            os._exit(126)
+        for fd in (out_copy, err_copy, meta_r, result_fd):
+            os.close(fd)
+        _program(meta_w)
+    os.close(meta_w)
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
+    _frame(result_fd, {"ready": True})
+    chunks = []
+    while True:
+        chunk = os.read(meta_r, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    meta = json.loads(b"".join(chunks) or b"{}")
     _, status, usage = os.wait4(pid, 0)
-    elapsed = time.monotonic() - start
-    marker = ("\x00agentrl-run-end:%s\x00" % req.get("nonce", "")).encode()
+    end = time.monotonic()
+    marker = ("\x00agentrl-run-end:%s\x00" % meta.get("nonce", "")).encode()
     for fd in (out_copy, err_copy):
         try:
             os.write(fd, marker)
         except OSError:
             pass
         os.close(fd)
-    files, errors = _fetch_files(req.get("fetch_files") or [], req["fetch_limit"])
+    if "setup_error" in meta:
+        _frame(result_fd, {"setup_error": meta["setup_error"]})
+        os._exit(0)
+    if "start" not in meta:
+        os._exit(3)  # no valid request arrived
+    files, errors = _fetch_files(meta.get("fetch_files") or [], meta.get("fetch_limit", 0))
     exit_info = {"code": os.WEXITSTATUS(status)} if os.WIFEXITED(status) else {"signal": os.WTERMSIG(status)}
-    _frame(result_fd, {"exit": exit_info, "elapsed": elapsed, "cpu": usage.ru_utime + usage.ru_stime,
+    _frame(result_fd, {"exit": exit_info, "elapsed": end - meta["start"], "cpu": usage.ru_utime + usage.ru_stime,
                        "maxrss_kb": usage.ru_maxrss, "files": files, "file_errors": errors})
     os._exit(0)
+
+
+def _program(meta_w):
+    """The forked program process: read the request, report what the supervisor needs, then run the code."""
+    import json
+    import time
+
+    try:
+        size = int.from_bytes(_read_exact(0, 4), "big")
+        req = json.loads(_read_exact(0, size))
+    except (EOFError, ValueError):
+        os._exit(3)
+    meta = {"start": time.monotonic(), "nonce": req.get("nonce", ""), "fetch_files": req.get("fetch_files") or [],
+            "fetch_limit": req["fetch_limit"]}
+    try:
+        _write_files(req.get("files") or {})
+    except (OSError, ValueError) as e:
+        meta["setup_error"] = f"could not write files: {e}"
+    data = json.dumps(meta).encode()
+    while data:
+        data = data[os.write(meta_w, data):]
+    os.close(meta_w)
+    if "setup_error" in meta:
+        os._exit(0)
+    try:
+        _child(req)
+    except BaseException as e:  # noqa: BLE001 - a runner failure before the program started
+        print(f"sandbox runner: {type(e).__name__}: {e}", file=sys.stderr)
+        os._exit(126)
 
 
 if __name__ == "__main__":
