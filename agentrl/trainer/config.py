@@ -149,6 +149,7 @@ class TrainerConfig:
     val_temperature: float = 0.0  # 0: greedy validation
     ray_address: str | None = None  # None: start a local Ray; "auto" or an address: join a cluster
     ray_num_cpus: int | None = None  # local Ray only; None: Ray's default
+    save_hf_model: bool = True  # after the last step, write the trained policy as an HF model to run_dir/final_model
 
     def __post_init__(self) -> None:
         if self.total_steps < 1:

@@ -45,8 +45,10 @@ from agentrl.trainer.metrics import (
     drift_metrics,
     episode_metrics,
 )
-from agentrl.trainer.weight_sync import sync_weights
+from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
+
+FINAL_MODEL_DIR = "final_model"
 
 
 class TaskSampler:
@@ -278,6 +280,10 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
                 save_checkpoint(cfg, workers, sampler, step)
                 metrics["timing/save_s"] = time.perf_counter() - t0
             logger.log(step, metrics)
+        if cfg.trainer.save_hf_model:
+            # Loadable with AutoModelForCausalLM / `agentrl eval --model`, like any other HF model dir.
+            out = write_hf_checkpoint(workers.full_state_dict(), cfg.model.path, run_dir / FINAL_MODEL_DIR)
+            print(f"saved the trained policy to {out}", flush=True)
         return metrics
     finally:
         if logger is not None:

@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+import torch
 from helpers import free_port, service
 
 from agentrl.config import load_config
@@ -78,6 +79,13 @@ def test_two_step_grpo_run_and_exact_resume(ray_session, tiny_model_dir, calc_ta
     assert any(k.startswith("val/reward/mean") for r in read_metrics(run_a) for k in r)
     assert [p.name for p in list_checkpoints(run_a)] == ["step_000001", "step_000002"]
     assert (run_a / "config.yaml").is_file() and (run_a / "episodes.jsonl").is_file()
+    # The trained policy is exported as a plain HF model dir, identical to the final checkpoint's weights.
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(run_a / "final_model")
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    moved = [not torch.equal(a, b) for a, b in zip(final.state_dict().values(), initial.state_dict().values())]
+    assert any(moved)
 
     run_b = tmp_path / "b"
     train(config(tiny_model_dir, calc_tasks, calculator_service, run_b,
