@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# lookup example: tiny model -> SFT cold start on verified lookup transcripts -> GRPO -> held-out eval, on CPU.
+# Train and held-out tasks each come with their own knowledge base (DATA/lookup-*.kb.jsonl) that the tasks
+# point the lookup tool at (tools_kwargs.lookup.kb_path); held-out entities never occur in training.
+#
+#   bash examples/lookup/run.sh                                   # defaults (see README.md for the runtime)
+#   STEPS=1 N_TRAIN=8 N_EVAL=4 SFT_STEPS=0 TEST_FREQ=0 bash examples/lookup/run.sh   # smoke run, under a minute
+#   bash examples/lookup/run.sh actor.lr=3e-4 rollout.n=8         # extra args: `agentrl train` overrides
+#
+# Environment knobs (defaults in brackets): STEPS [10] RL steps; N_TRAIN [512] training tasks; N_EVAL [64]
+# held-out tasks; N_DEMOS [1600] SFT transcripts; SFT_STEPS [100] SFT optimizer steps (0: skip SFT);
+# SIZE [tiny] model size (tiny|small); BATCH [4] prompts per RL step; GROUP [4] episodes per prompt;
+# TEST_FREQ [5] validate every N steps (0: never); VAL_TASKS [16] held-out tasks per validation;
+# COMPARE [1] also evaluate the starting model side by side; OUT [runs/examples/lookup] output root.
+# Rerunning reuses the model, the SFT output and the RL checkpoints (resume); delete OUT to start over.
+set -euo pipefail
+
+NAME=lookup
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+AGENTRL=agentrl
+if [[ -x .venv/bin/agentrl ]]; then AGENTRL=.venv/bin/agentrl; fi
+
+STEPS=${STEPS:-10}
+N_TRAIN=${N_TRAIN:-512}
+N_EVAL=${N_EVAL:-64}
+N_DEMOS=${N_DEMOS:-1600}
+SFT_STEPS=${SFT_STEPS:-100}
+SIZE=${SIZE:-tiny}
+BATCH=${BATCH:-4}
+GROUP=${GROUP:-4}
+TEST_FREQ=${TEST_FREQ:-5}
+VAL_TASKS=${VAL_TASKS:-16}
+COMPARE=${COMPARE:-1}
+OUT=${OUT:-runs/examples/$NAME}
+DATA=$OUT/data
+CONFIG=examples/$NAME/config.yaml
+
+echo "== [$NAME] data -> $DATA"
+"$AGENTRL" data make lookup --split train --n "$N_TRAIN" "$DATA/lookup-train.jsonl" --seed 0
+"$AGENTRL" data make lookup --split heldout --n "$N_EVAL" "$DATA/lookup-heldout.jsonl" --seed 0
+
+BASE=$OUT/base-model
+if [[ ! -f $BASE/config.json ]]; then
+  echo "== [$NAME] model: agentrl init-model --size $SIZE"
+  "$AGENTRL" init-model "$BASE" --size "$SIZE" --seed 0
+fi
+
+START=$BASE
+if (( SFT_STEPS > 0 )); then
+  START=$OUT/sft/model
+  if [[ ! -f $START/config.json ]]; then
+    echo "== [$NAME] SFT cold start: $SFT_STEPS steps on $N_DEMOS demonstrations"
+    # seed 1: demonstrations on other tasks than the RL prompts (seed 0)
+    "$AGENTRL" data demos lookup --n "$N_DEMOS" "$DATA/lookup-sft.jsonl" --seed 1
+    "$AGENTRL" sft configs/sft/tiny_cpu.yaml model.path="$BASE" "data.train_files=[$DATA/lookup-sft.jsonl]" \
+      sft.run_dir="$OUT/sft" sft.max_steps="$SFT_STEPS" sft.epochs=100 sft.log_freq=10 \
+      actor.warmup_steps=$(( SFT_STEPS / 10 ))
+  fi
+fi
+
+echo "== [$NAME] GRPO: $STEPS steps x $BATCH prompts x $GROUP episodes from $START"
+"$AGENTRL" train "$CONFIG" model.path="$START" \
+  "data.train_files=[$DATA/lookup-train.jsonl]" "data.val_files=[$DATA/lookup-heldout.jsonl]" \
+  data.train_batch_size="$BATCH" actor.ppo_mini_batch_size="$BATCH" rollout.n="$GROUP" \
+  data.val_batch_size="$VAL_TASKS" trainer.test_freq="$TEST_FREQ" \
+  trainer.total_steps="$STEPS" trainer.save_freq="$STEPS" trainer.run_dir="$OUT/rl" "$@"
+
+echo "== [$NAME] held-out eval on $N_EVAL tasks -> $OUT/eval"
+COMPARE_ARGS=()
+if [[ $COMPARE == 1 ]]; then COMPARE_ARGS=(--compare "$START" --compare-name start); fi
+"$AGENTRL" eval --model "$OUT/rl/final_model" --name grpo --suite "$DATA/lookup-heldout.jsonl" --config "$CONFIG" \
+  --out "$OUT/eval" "${COMPARE_ARGS[@]}"
+
+echo "== [$NAME] done: metrics $OUT/rl/metrics.jsonl, eval $OUT/eval"
