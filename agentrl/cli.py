@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "sandbox.cli",
     "agentrl.trainer.cli",
     "agentrl.trainer.sft",
+    "agentrl.quickstart",
 ]
 
 # `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).

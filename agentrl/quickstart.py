@@ -1,0 +1,342 @@
+"""`agentrl quickstart`: teach a small model to use tools on this CPU, end to end, and show before/after.
+
+From nothing downloaded: build a small model + tokenizer, generate task suites, start the tool service and the
+sandbox on loopback, SFT on scripted demonstrations (cold start), evaluate on the held-out split, run GRPO with
+tools (embedded engine + Ray FSDP trainer), evaluate again, and write `report.md` + `curves.png`.
+Every service is shut down at the end, on errors and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class QuickstartSettings:
+    run_dir: str = "runs/quickstart"
+    size: str = "small"  # agentrl init-model size
+    suites: list[str] = field(default_factory=lambda: ["calc", "lookup"])
+    heldout_per_suite: int = 200
+    sft_demos_per_suite: int = 1000
+    sft_steps: int = 120
+    sft_batch_size: int = 16
+    sft_lr: float = 2e-3
+    grpo_steps: int = 20
+    grpo_prompts_per_step: int = 16
+    grpo_n: int = 8
+    grpo_lr: float = 2e-5
+    grpo_tasks_per_suite: int = 1000
+    max_response_tokens: int = 256
+    max_assistant_turns: int = 4
+    seed: int = 0
+    tools_port: int | None = None  # None: a free port
+    sandbox_port: int | None = None
+    with_sandbox: bool = True
+
+
+SMOKE = dict(size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps=4, sft_batch_size=8,
+             grpo_steps=2, grpo_prompts_per_step=2, grpo_n=2, grpo_tasks_per_suite=8, max_response_tokens=96,
+             max_assistant_turns=3)
+
+
+class ServiceError(RuntimeError):
+    pass
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_port(requested: int | None, what: str) -> int:
+    if requested is not None:
+        if not _port_free(requested):
+            raise ServiceError(f"{what}: port {requested} on 127.0.0.1 is taken; free it or pass another port "
+                               f"(or omit the port option to pick a free one)")
+        return requested
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def service(name: str, args: list[str], health_url: str, log_path: Path, timeout_s: float = 90.0):
+    """Start `agentrl ...` as a child in its own process group, wait for `health_url`, always stop it."""
+    import httpx
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise ServiceError(f"{name} exited with code {proc.returncode} during start-up; see {log_path}:\n"
+                                   + log_path.read_text()[-2000:])
+            try:
+                if httpx.get(health_url, timeout=2.0).status_code < 300:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServiceError(f"{name} did not answer {health_url} within {timeout_s:.0f}s; see {log_path}")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+class Phases:
+    """Times each phase and prints one line when it starts and ends."""
+
+    def __init__(self, total: int):
+        self.total, self.index, self.timings = total, 0, {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        self.index += 1
+        print(f"\n[{self.index}/{self.total}] {name} ...", flush=True)
+        start = time.perf_counter()
+        yield
+        self.timings[name] = time.perf_counter() - start
+        print(f"[{self.index}/{self.total}] {name}: done in {self.timings[name]:.0f}s", flush=True)
+
+
+def make_data(s: QuickstartSettings, data_dir: Path) -> dict:
+    """SFT demos, RL training tasks (other seeds than the demos) and the held-out split, per suite."""
+    from agentrl.data.suites import make_suite, write_suite
+    from agentrl.data.suites.common import write_jsonl
+    from agentrl.data.suites.demos import make_demos
+    from agentrl.evaluation.run import suite_tasks
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    demo_rows, rl_files = [], []
+    for suite in s.suites:
+        kb = (data_dir / f"{suite}-sft.kb.jsonl").resolve()
+        tasks, kb_rows = make_suite(suite, "train", s.sft_demos_per_suite, s.seed, kb_path=kb)
+        if kb_rows is not None:
+            write_jsonl(kb, kb_rows)
+        demo_rows += asyncio.run(make_demos(tasks))
+        rl = data_dir / f"{suite}-rl.jsonl"
+        write_suite(suite, "train", s.grpo_tasks_per_suite, rl, seed=s.seed + 1)
+        rl_files.append(str(rl))
+    write_jsonl(data_dir / "sft.jsonl", demo_rows)
+    heldout = suite_tasks(",".join(s.suites), split="heldout", num_tasks=s.heldout_per_suite, seed=s.seed,
+                          out_dir=data_dir / "heldout")
+    return {"sft": str(data_dir / "sft.jsonl"), "rl": rl_files, "heldout": heldout}
+
+
+def agent_config(s: QuickstartSettings):
+    from agentrl.agent_loop.config import AgentLoopConfig
+
+    return AgentLoopConfig(max_assistant_turns=s.max_assistant_turns, max_response_tokens=s.max_response_tokens,
+                           max_new_tokens_per_turn=min(128, s.max_response_tokens), max_tool_response_tokens=64,
+                           max_parallel_calls=2, episode_timeout_s=300.0)
+
+
+def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], tools_url: str, run_dir: Path):
+    from agentrl.agent_loop.config import RolloutConfig
+    from agentrl.inference.config import EngineConfig
+    from agentrl.tools.config import ServiceConfig, ToolsConfig
+    from agentrl.trainer.config import ActorConfig, DataConfig, ModelConfig, TrainConfig, TrainerConfig
+
+    return TrainConfig(
+        model=ModelConfig(path=model_path),
+        data=DataConfig(train_files=rl_files, train_batch_size=s.grpo_prompts_per_step, seed=s.seed),
+        engine=EngineConfig(max_batch_size=64, max_model_len=1024),
+        tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
+        agent=agent_config(s),
+        rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64),
+        actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0, ppo_mini_batch_size=s.grpo_prompts_per_step,
+                          max_tokens_per_micro_batch=16384, use_kl_loss=False, entropy_coeff=0.0,
+                          clip_ratio_high=0.28),
+        trainer=TrainerConfig(total_steps=s.grpo_steps, run_dir=str(run_dir), resume="never", seed=s.seed,
+                              test_freq=0, save_freq=0, save_hf_model=True),
+    )
+
+
+def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def rows(path: Path) -> list[dict]:
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+    sft, grpo = rows(sft_dir / "sft_metrics.jsonl"), rows(grpo_dir / "metrics.jsonl")
+    panels = [("SFT loss", sft, "sft_loss"), ("GRPO reward (mean)", grpo, "reward/mean"),
+              ("GRPO success rate", grpo, "reward/success_rate"), ("KL (ppo_kl)", grpo, "actor/ppo_kl"),
+              ("entropy", grpo, "actor/entropy"), ("response length (model tokens)", grpo, "episode/model_tokens_mean")]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for ax, (title, data, key) in zip(axes.flat, panels):
+        points = [(r["step"], r[key]) for r in data if key in r]
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3)
+        else:
+            ax.text(0.5, 0.5, f"no '{key}' logged", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def run_quickstart(s: QuickstartSettings) -> Path:
+    """Run every phase; returns the report path."""
+    from agentrl.evaluation.report import markdown_report
+    from agentrl.evaluation.run import evaluate
+    from agentrl.models.tiny import build_tiny_model
+    from agentrl.tools.client import ToolRegistry
+    from agentrl.tools.config import ServiceConfig, ToolsConfig
+    from agentrl.trainer.loop import FINAL_MODEL_DIR, train
+    from agentrl.trainer.sft import SFTConfig, SFTDataConfig, SFTRunConfig, run_sft
+    from agentrl.trainer.config import ActorConfig, ModelConfig
+
+    # Ports first: a taken port fails in a second, not after the model and data are built.
+    tools_port = _pick_port(s.tools_port, "tool service")
+    sandbox_port = _pick_port(s.sandbox_port, "sandbox") if s.with_sandbox else None
+    tools_url = f"http://127.0.0.1:{tools_port}"
+    root = Path(s.run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    phase = Phases(total=8)
+    started = time.perf_counter()
+
+    with phase(f"build the {s.size} model and tokenizer offline"):
+        init_dir = build_tiny_model(root / "init-model", size=s.size, seed=s.seed)
+    with phase(f"generate data ({', '.join(s.suites)}: demos, RL tasks, held-out)"):
+        data = make_data(s, root / "data")
+
+    with contextlib.ExitStack() as stack:
+        with phase("start the tool service and the sandbox on loopback"):
+            stack.enter_context(service(
+                "tool service", ["tools", "serve",
+                                 "agentrl.tools.builtin.calculator:calculator", "agentrl.tools.builtin.lookup:lookup",
+                                 "--host", "127.0.0.1", "--port", str(tools_port)],
+                f"{tools_url}/health", root / "logs" / "tools.log"))
+            sandbox_health = None
+            if sandbox_port is not None:
+                stack.enter_context(service(
+                    "sandbox", ["sandbox", "serve", "--host", "127.0.0.1", "--port", str(sandbox_port)],
+                    f"http://127.0.0.1:{sandbox_port}/v1/ping", root / "logs" / "sandbox.log"))
+                import httpx
+
+                sandbox_health = httpx.get(f"http://127.0.0.1:{sandbox_port}/health", timeout=10).json()
+            print(f"tools at {tools_url}" + (f", sandbox isolation: {sandbox_health.get('isolation')}"
+                                             if sandbox_health else ""), flush=True)
+
+        with phase("SFT cold start on scripted demonstrations"):
+            sft = run_sft(SFTConfig(
+                model=ModelConfig(path=str(init_dir)),
+                data=SFTDataConfig(train_files=[data["sft"]], max_length=1024),
+                actor=ActorConfig(lr=s.sft_lr, weight_decay=0.0, warmup_steps=10, lr_schedule="cosine",
+                                  min_lr_ratio=0.1, max_tokens_per_micro_batch=16384),
+                sft=SFTRunConfig(epochs=100, batch_size=s.sft_batch_size, max_steps=s.sft_steps,
+                                 run_dir=str(root / "sft"), seed=s.seed, log_freq=10)))
+        sft_model = sft["output_dir"]
+
+        def held_out_eval(model: str, name: str, out: str) -> dict:
+            registry = ToolRegistry.from_tools_config(ToolsConfig(services=[ServiceConfig(url=tools_url)]))
+
+            async def go():
+                try:
+                    return await evaluate(model, data["heldout"], n=1, agent_config=agent_config(s), tools=registry,
+                                          run_dir=root / out, name=name, tasks_source="quickstart held-out")
+                finally:
+                    await registry.aclose()
+
+            return asyncio.run(go())
+
+        with phase("evaluate after SFT on the held-out split"):
+            before = held_out_eval(sft_model, "after SFT", "eval-sft")
+            print(f"held-out pass@1 after SFT: {before.get('pass@1', 0.0):.1%}", flush=True)
+        with phase("GRPO with tools (embedded engine + Ray FSDP trainer)"):
+            cfg = train_config(s, sft_model, data["rl"], tools_url, root / "grpo")
+            train(cfg)
+        grpo_model = str(root / "grpo" / FINAL_MODEL_DIR)
+        with phase("evaluate after GRPO on the held-out split"):
+            after = held_out_eval(grpo_model, "after GRPO", "eval-grpo")
+            print(f"held-out pass@1 after GRPO: {after.get('pass@1', 0.0):.1%}", flush=True)
+
+    with phase("write the report and curves"):
+        plot_curves(root / "sft", root / "grpo", root / "curves.png")
+        report = root / "report.md"
+        total = time.perf_counter() - started
+        lines = [markdown_report("agentrl quickstart: held-out results (same greedy sampling for both)",
+                                 {"after SFT": before, "after GRPO": after}),
+                 "![curves](curves.png)", "", "## Settings", "", "```json",
+                 json.dumps(s.__dict__, indent=1), "```", "", "## Time per phase", ""]
+        lines += [f"- {name}: {sec:.0f}s" for name, sec in phase.timings.items()]
+        lines += [f"- total: {total:.0f}s", ""]
+        report.write_text("\n".join(lines))
+    delta = after.get("pass@1", 0.0) - before.get("pass@1", 0.0)
+    print(f"\nheld-out pass@1: after SFT {before.get('pass@1', 0.0):.1%} -> after GRPO "
+          f"{after.get('pass@1', 0.0):.1%} ({delta:+.1%}); report: {report}", flush=True)
+    return report
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quickstart", help="end to end on CPU: model, data, services, SFT, eval, GRPO, eval, report")
+    p.add_argument("--run-dir", default=QuickstartSettings.run_dir)
+    p.add_argument("--smoke", action="store_true", help="a minutes-long miniature run (tiny model, few tasks)")
+    p.add_argument("--tools-port", type=int, default=None)
+    p.add_argument("--sandbox-port", type=int, default=None)
+    p.add_argument("--no-sandbox", action="store_true", help="do not start the sandbox (calc/lookup do not need it)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set grpo_steps=10 sft_steps=200")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import yaml
+
+    values = dict(SMOKE) if args.smoke else {}
+    fields = {f.name: f for f in dataclasses.fields(QuickstartSettings)}
+    for item in args.set:
+        key, _, raw = item.partition("=")
+        if key not in fields:
+            import difflib
+
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            raise SystemExit(f"quickstart --set: unknown setting {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+        values[key] = yaml.safe_load(raw)
+    s = QuickstartSettings(run_dir=args.run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
+                           with_sandbox=not args.no_sandbox, **values)
+
+    def on_term(signum, frame):  # make `kill` behave like Ctrl-C so every service is stopped
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        run_quickstart(s)
+    except ServiceError as e:
+        print(f"quickstart: {e}", file=sys.stderr)
+        return 1
+    return 0

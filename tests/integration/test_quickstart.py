@@ -1,0 +1,52 @@
+"""The quickstart pipeline end to end in miniature: every phase runs for real and every service stops."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_smoke_quickstart_runs_every_phase_and_stops_its_services(tmp_path):
+    run_dir = tmp_path / "qs"
+    proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "quickstart", "--smoke", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for phase in range(1, 9):
+        assert f"[{phase}/8]" in out
+    report = (run_dir / "report.md").read_text()
+    assert "| metric | after SFT | after GRPO |" in report and "## calc/heldout" in report
+    assert (run_dir / "curves.png").stat().st_size > 10_000
+    before = json.loads((run_dir / "eval-sft" / "eval.json").read_text())
+    after = json.loads((run_dir / "eval-grpo" / "eval.json").read_text())
+    assert before["settings"] == after["settings"]  # same sampling for the before/after comparison
+    assert before["summary"]["num_tasks"] == after["summary"]["num_tasks"] == 16
+    metrics = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "actor/pg_loss" in m] == [1, 2]
+    # the tool service and the sandbox were shut down
+    port = int(re.search(r"tools at http://127.0.0.1:(\d+)", out).group(1))
+    assert not _listening(port)
+
+
+def test_taken_port_is_a_clear_error(tmp_path):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "quickstart", "--smoke", "--no-sandbox",
+                               "--tools-port", str(port), "--run-dir", str(tmp_path / "qs")],
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert f"port {port} on 127.0.0.1 is taken" in proc.stderr
