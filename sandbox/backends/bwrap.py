@@ -290,9 +290,12 @@ class BwrapBackend:
         self._ready.put_nowait(warm)
 
     async def _take(self) -> Warm:
+        # The refill is triggered when the request ends (execute's finally), so starting the replacement sandbox
+        # does not compete for the CPU with the request that is running; an empty pool is refilled at once.
         while not self._ready.empty():
             warm = self._ready.get_nowait()
-            self._wake.set()
+            if self._ready.qsize() < self.cfg.warm_pool // 2:
+                self._wake.set()
             if warm.proc.returncode is None:
                 return warm
             await self._dispose(warm)
@@ -323,6 +326,7 @@ class BwrapBackend:
             task = asyncio.create_task(self._dispose(warm))
             self._disposing.add(task)
             task.add_done_callback(self._disposing.discard)
+            self._wake.set()
 
     async def _execute_in(self, warm: Warm, req: ExecRequest) -> ExecResult:
         cfg, cg, proc = self.cfg, warm.cgroup, warm.proc
