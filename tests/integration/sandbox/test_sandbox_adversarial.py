@@ -302,3 +302,23 @@ def test_ten_megabyte_code_body(http):
 def test_zero_sandbox_errors_so_far(http):
     health = http.get("/health").json()
     assert health["sandbox_errors"] == 0 and health["isolation"] == "bwrap+cgroups" and health["unsafe"] is False
+
+
+@pytest.mark.parametrize("language,code", [
+    ("bash", "echo hello from $0 | cut -c1-10; exit 4"), ("javascript", "console.log('hello from node'); process.exit(4)"),
+    ("perl", "print \"hello from perl\\n\"; exit 4"),
+])
+def test_other_languages_when_installed(http, language, code):
+    if language not in http.get("/health").json()["languages"]:
+        pytest.skip(f"no {language} interpreter on this machine")
+    body = run(http, code, language=language)
+    assert body["status"] == "Failed" and body["run_result"]["return_code"] == 4, body
+    assert body["run_result"]["stdout"].startswith("hello from"), body
+
+
+def test_health_reports_every_layer(http):
+    health = http.get("/health").json()
+    assert health["status"] == "ok" and health["canary"]["ok"] is True
+    assert health["backend"] == "bwrap" and health["cgroup_version"] in (1, 2)
+    assert health["seccomp"] is (os.uname().machine == "x86_64")
+    assert {"queue_depth", "running", "live_sessions", "max_concurrency"} <= set(health)
