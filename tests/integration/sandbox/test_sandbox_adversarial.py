@@ -305,7 +305,8 @@ def test_zero_sandbox_errors_so_far(http):
 
 
 @pytest.mark.parametrize("language,code", [
-    ("bash", "echo hello from $0 | cut -c1-10; exit 4"), ("javascript", "console.log('hello from node'); process.exit(4)"),
+    ("bash", "echo hello from $0 | cut -c1-10; exit 4"),
+    ("javascript", "console.log('hello from node'); process.exit(4)"),
     ("perl", "print \"hello from perl\\n\"; exit 4"),
 ])
 def test_other_languages_when_installed(http, language, code):
