@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import struct
 import time
@@ -192,7 +193,8 @@ class DockerBackend:
                           return_code=None if reason == "timeout" else (code if code is not None else 137),
                           exit_reason=exit_reason, stdout=out.text().replace(marker, ""),
                           stderr=err.text().replace(marker, ""),
-                          truncated=out.truncated or err.truncated, signal=None,
+                          truncated=out.truncated or err.truncated,
+                          signal=signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else None,
                           execution_time=round(elapsed, 4), files=(result or {}).get("files", {}),
                           file_errors=(result or {}).get("file_errors", {}))
 
