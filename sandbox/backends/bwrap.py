@@ -243,10 +243,10 @@ class BwrapBackend:
         except asyncio.TimeoutError:
             ready = None
         if not ready or not ready.get("ready"):
-            await self._dispose(warm)
             err = b""
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(asyncio.TimeoutError, OSError):
                 err = await asyncio.wait_for(proc.stderr.read(2000), 1)
+            await self._dispose(warm)
             raise BackendError(f"sandbox did not start (exit {proc.returncode}): {err.decode(errors='replace')}")
         return warm
 
@@ -257,10 +257,8 @@ class BwrapBackend:
             self.cgroups.release(warm.cgroup)
         if warm.workdir:
             shutil.rmtree(warm.workdir, ignore_errors=True)
-        for stream in (warm.proc.stdout, warm.proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(Exception):
-                    stream.feed_eof()
+        # asyncio.subprocess.Process has no public close(): closing its transport releases the three pipes now
+        # rather than at garbage collection (the soak test counts fds).
         transport = getattr(warm.proc, "_transport", None)
         if transport is not None:
             transport.close()
