@@ -323,3 +323,15 @@ def test_health_reports_every_layer(http):
     assert health["backend"] == "bwrap" and health["cgroup_version"] in (1, 2)
     assert health["seccomp"] is (os.uname().machine == "x86_64")
     assert {"queue_depth", "running", "live_sessions", "max_concurrency"} <= set(health)
+
+
+def test_interpreter_and_system_dirs_are_read_only(http):
+    # The sandbox uid is mapped onto the service's uid, so read-only binds are what keeps the interpreter and
+    # /usr from being poisoned for later requests (a .pth file would run in every sandbox).
+    code = ("import sys, os, sysconfig\nfor d in [sysconfig.get_paths()['purelib'], sys.prefix, '/usr/lib', '/usr/bin',"
+            " '/etc', '/']:\n    try:\n        open(os.path.join(d, 'evil.pth'), 'w').write('import os')\n"
+            "        print('WROTE', d)\n    except OSError as e:\n        print(e.errno)")
+    body = run(http, code)
+    check(body, "Success", "exit")
+    assert body["run_result"]["stdout"].split() == ["30"] * 6, body  # EROFS everywhere
+    assert_benign(http)
