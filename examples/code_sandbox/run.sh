@@ -9,6 +9,7 @@
 #
 # Environment knobs (defaults in brackets): STEPS [10] RL steps; N_TRAIN [512] training tasks; N_EVAL [64]
 # held-out tasks; N_DEMOS [1600] SFT transcripts; SFT_STEPS [100] SFT optimizer steps (0: skip SFT);
+# SFT_LR [1e-3] SFT learning rate;
 # SIZE [tiny] model size (tiny|small); BATCH [4] prompts per RL step; GROUP [4] episodes per prompt;
 # TEST_FREQ [5] validate every N steps (0: never); VAL_TASKS [16] held-out tasks per validation;
 # COMPARE [1] also evaluate the starting model side by side; OUT [runs/examples/code_sandbox] output root;
@@ -27,6 +28,7 @@ N_TRAIN=${N_TRAIN:-512}
 N_EVAL=${N_EVAL:-64}
 N_DEMOS=${N_DEMOS:-1600}
 SFT_STEPS=${SFT_STEPS:-100}
+SFT_LR=${SFT_LR:-1e-3}
 SIZE=${SIZE:-tiny}
 BATCH=${BATCH:-4}
 GROUP=${GROUP:-4}
@@ -89,7 +91,7 @@ if (( SFT_STEPS > 0 )); then
     "$AGENTRL" data demos code --n "$N_DEMOS" "$DATA/code-sft.jsonl" --seed 1 --sandbox-url "$SANDBOX_URL"
     "$AGENTRL" sft configs/sft/tiny_cpu.yaml model.path="$BASE" "data.train_files=[$DATA/code-sft.jsonl]" \
       sft.run_dir="$OUT/sft" sft.max_steps="$SFT_STEPS" sft.epochs=100 sft.log_freq=10 \
-      actor.warmup_steps=$(( SFT_STEPS / 10 ))
+      actor.lr="$SFT_LR" actor.warmup_steps=$(( SFT_STEPS / 10 ))
   fi
 fi
 
