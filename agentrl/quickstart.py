@@ -12,10 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -50,64 +47,15 @@ SMOKE = dict(size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps
              max_assistant_turns=3)
 
 
-class ServiceError(RuntimeError):
-    pass
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _pick_port(requested: int | None, what: str) -> int:
-    if requested is not None:
-        if not _port_free(requested):
-            raise ServiceError(f"{what}: port {requested} on 127.0.0.1 is taken; free it or pass another port "
-                               f"(or omit the port option to pick a free one)")
-        return requested
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from agentrl.services import ServiceStartError, free_port, port_is_free
 
-
-@contextlib.contextmanager
-def service(name: str, args: list[str], health_url: str, log_path: Path, timeout_s: float = 90.0):
-    """Start `agentrl ...` as a child in its own process group, wait for `health_url`, always stop it."""
-    import httpx
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise ServiceError(f"{name} exited with code {proc.returncode} during start-up; see {log_path}:\n"
-                                   + log_path.read_text()[-2000:])
-            try:
-                if httpx.get(health_url, timeout=2.0).status_code < 300:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise ServiceError(f"{name} did not answer {health_url} within {timeout_s:.0f}s; see {log_path}")
-            time.sleep(0.2)
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
+    if requested is None:
+        return free_port()
+    if not port_is_free(requested):
+        raise ServiceStartError(f"{what}: port {requested} on 127.0.0.1 is taken; free it or pass another port "
+                                "(or omit the port option to pick a free one)")
+    return requested
 
 
 class Phases:
@@ -158,16 +106,23 @@ def agent_config(s: QuickstartSettings):
                            max_parallel_calls=2, episode_timeout_s=300.0)
 
 
+def engine_config():
+    from agentrl.inference.config import EngineConfig
+
+    # One intra-op thread: the engine shares 2 cores with the FSDP workers, and oversubscribed torch threads
+    # slow CPU decoding by an order of magnitude.
+    return EngineConfig(max_batch_size=64, max_model_len=1024, num_threads=1)
+
+
 def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], tools_url: str, run_dir: Path):
     from agentrl.agent_loop.config import RolloutConfig
-    from agentrl.inference.config import EngineConfig
     from agentrl.tools.config import ServiceConfig, ToolsConfig
     from agentrl.trainer.config import ActorConfig, DataConfig, ModelConfig, TrainConfig, TrainerConfig
 
     return TrainConfig(
         model=ModelConfig(path=model_path),
         data=DataConfig(train_files=rl_files, train_batch_size=s.grpo_prompts_per_step, seed=s.seed),
-        engine=EngineConfig(max_batch_size=64, max_model_len=1024),
+        engine=engine_config(),
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64),
@@ -212,6 +167,7 @@ def run_quickstart(s: QuickstartSettings) -> Path:
     from agentrl.evaluation.report import markdown_report
     from agentrl.evaluation.run import evaluate
     from agentrl.models.tiny import build_tiny_model
+    from agentrl.services import agentrl_command, run_service
     from agentrl.tools.client import ToolRegistry
     from agentrl.tools.config import ServiceConfig, ToolsConfig
     from agentrl.trainer.loop import FINAL_MODEL_DIR, train
@@ -234,16 +190,16 @@ def run_quickstart(s: QuickstartSettings) -> Path:
 
     with contextlib.ExitStack() as stack:
         with phase("start the tool service and the sandbox on loopback"):
-            stack.enter_context(service(
-                "tool service", ["tools", "serve",
-                                 "agentrl.tools.builtin.calculator:calculator", "agentrl.tools.builtin.lookup:lookup",
-                                 "--host", "127.0.0.1", "--port", str(tools_port)],
-                f"{tools_url}/health", root / "logs" / "tools.log"))
+            stack.enter_context(run_service(
+                agentrl_command("tools", "serve", "agentrl.tools.builtin.calculator:calculator",
+                                "agentrl.tools.builtin.lookup:lookup", "--host", "127.0.0.1", "--port", str(tools_port)),
+                f"{tools_url}/health", name="tool service", log_path=root / "logs" / "tools.log", timeout_s=90))
             sandbox_health = None
             if sandbox_port is not None:
-                stack.enter_context(service(
-                    "sandbox", ["sandbox", "serve", "--host", "127.0.0.1", "--port", str(sandbox_port)],
-                    f"http://127.0.0.1:{sandbox_port}/v1/ping", root / "logs" / "sandbox.log"))
+                stack.enter_context(run_service(
+                    agentrl_command("sandbox", "serve", "--host", "127.0.0.1", "--port", str(sandbox_port)),
+                    f"http://127.0.0.1:{sandbox_port}/v1/ping", name="sandbox", log_path=root / "logs" / "sandbox.log",
+                    timeout_s=90))
                 import httpx
 
                 sandbox_health = httpx.get(f"http://127.0.0.1:{sandbox_port}/health", timeout=10).json()
@@ -266,6 +222,7 @@ def run_quickstart(s: QuickstartSettings) -> Path:
             async def go():
                 try:
                     return await evaluate(model, data["heldout"], n=1, agent_config=agent_config(s), tools=registry,
+                                          engine_config=engine_config(),
                                           run_dir=root / out, name=name, tasks_source="quickstart held-out")
                 finally:
                     await registry.aclose()
@@ -317,6 +274,8 @@ def _main(args: argparse.Namespace) -> int:
 
     import yaml
 
+    from agentrl.services import ServiceStartError
+
     values = dict(SMOKE) if args.smoke else {}
     fields = {f.name: f for f in dataclasses.fields(QuickstartSettings)}
     for item in args.set:
@@ -336,7 +295,7 @@ def _main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         run_quickstart(s)
-    except ServiceError as e:
+    except ServiceStartError as e:
         print(f"quickstart: {e}", file=sys.stderr)
         return 1
     return 0

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -141,37 +137,18 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agentrl.services import ServiceStartError, free_port, run_service
+
     if args.url:
         return asyncio.run(_bench(args.url.rstrip("/"), args))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "sandbox", "serve", "--port", str(port)]
     for item in args.overrides:
         cmd += ["--set", item]
-    proc = subprocess.Popen(cmd, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                print(f"the sandbox service exited with code {proc.returncode}", file=sys.stderr)
-                return 1
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                print("the sandbox service did not become healthy within 60 s", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-        return asyncio.run(_bench(url, args))
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        with run_service(cmd, f"{url}/health", name="the sandbox service"):
+            return asyncio.run(_bench(url, args))
+    except ServiceStartError as e:
+        print(e, file=sys.stderr)
+        return 1

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +11,11 @@ from typing import Iterator
 
 import httpx
 
+from agentrl.services import free_port, run_service  # noqa: F401  (re-exported for tests)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 QWEN2_TOKENIZER_DIR = SHARED_DIR / "data" / "qwen2-tokenizer"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
@@ -47,20 +40,6 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
 @contextlib.contextmanager
 def service(args: list[str], health_url: str, timeout: float = 60.0, env: dict | None = None) -> Iterator[subprocess.Popen]:
     """Run `python -m ...`-style `args` as a subprocess in its own process group; kill the group on exit."""
-    full_env = {**os.environ, **(env or {})}
-    proc = subprocess.Popen(args if args[0] != "python" else [sys.executable, *args[1:]], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT, start_new_session=True)
-    try:
-        wait_http(health_url, timeout=timeout, proc=proc)
+    cmd = args if args[0] != "python" else [sys.executable, *args[1:]]
+    with run_service(cmd, health_url, name=" ".join(args[:4]), env=env, cwd=REPO_ROOT, timeout_s=timeout) as proc:
         yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()

@@ -22,9 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,36 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch CPU threads (1 avoids OpenMP spin-wait slowdowns on a shared machine)")
 
 
-def _start_service(latency_ms: float) -> tuple[subprocess.Popen, str]:
-    import httpx
+def _tool_service(latency_ms: float):
+    """The bench `wait` tool as a real HTTP service (a context manager yielding its process)."""
+    from agentrl.services import agentrl_command, free_port, run_service
 
-    from agentrl.tools.service import _free_port
-
-    port = _free_port("127.0.0.1")
-    env = {**os.environ, WAIT_ENV: str(latency_ms)}
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "tools", "serve", "agentrl.agent_loop.bench:wait",
-                             "--port", str(port)], env=env, start_new_session=True)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the bench tool service exited with code {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError(f"the bench tool service did not answer on {url} within 60s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    cmd = agentrl_command("tools", "serve", "agentrl.agent_loop.bench:wait", "--port", str(port))
+    return url, run_service(cmd, f"{url}/health", name="the bench tool service", env={WAIT_ENV: str(latency_ms)})
 
 
 def teach_tool_calls(model, tokenizer, schemas: list[dict], *, questions: list[str], turns: int, steps: int,
@@ -165,9 +140,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    slow_proc, slow_url = _start_service(args.latency_ms)
-    fast_proc, fast_url = _start_service(0.0)
-    try:
+    slow_url, slow_service = _tool_service(args.latency_ms)
+    fast_url, fast_service = _tool_service(0.0)
+    with slow_service, fast_service:
         with tempfile.TemporaryDirectory(prefix="agentrl-bench-rollout-") as tmp:
             model_dir = build_tiny_model(Path(tmp) / "tiny", size="tiny", seed=0)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -190,9 +165,6 @@ def run(args: argparse.Namespace) -> int:
                 return walls
 
             walls = asyncio.run(main())
-    finally:
-        _stop(slow_proc)
-        _stop(fast_proc)
     return _report(walls, args)
 
 

@@ -18,12 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -34,12 +29,6 @@ def _is_eval_dir(path: Path) -> bool:
 
 def _is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -53,47 +42,21 @@ def serve_builtin_tools(names: list[str], *, tool_kwargs: dict[str, dict] | None
     """
     import json
 
-    import httpx
-
+    from agentrl.services import agentrl_command, free_port, run_service
     from agentrl.tools.builtin import BUILTIN
 
     unknown = [n for n in names if n not in BUILTIN]
     if unknown or not names:
         raise ValueError(f"serve_builtin_tools: {unknown or 'no tools'} given; built-in tools: {', '.join(BUILTIN)}")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "agentrl.cli", "tools", "serve", *(BUILTIN[n] for n in names),
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = agentrl_command("tools", "serve", *(BUILTIN[n] for n in names),
+                          "--host", "127.0.0.1", "--port", str(port))
     if tool_kwargs:
         cmd += ["--tool-kwargs", json.dumps(tool_kwargs)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if proc.poll() is not None:
-                output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                raise RuntimeError(f"the tool service ({' '.join(cmd)}) exited with code {proc.returncode} before "
-                                   f"answering:\n{output[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the tool service on {url} did not answer /health within {startup_timeout_s}s")
-            time.sleep(0.1)
+    with run_service(cmd, f"{url}/health", name=f"the tool service ({' '.join(cmd[3:])})",
+                     timeout_s=startup_timeout_s):
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()
 
 
 def _load_config(args: argparse.Namespace):

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 
 from agentrl.tools.base import tool
 
@@ -90,35 +87,22 @@ def _report(label: str, wall: float, overheads: list[float], errors: int, cpu: d
     return rate / ideal
 
 
-def _start_service(port: int) -> tuple[subprocess.Popen, str]:
-    from agentrl.tools.service import _free_port
-
-    port = port or _free_port("127.0.0.1")
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "tools", "serve", "agentrl.tools.bench:delay",
-                             "--port", str(port)], start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the bench tool service exited with code {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError(f"the bench tool service did not answer on {url} within 60s")
-
-
 def run(args: argparse.Namespace) -> int:
+    from agentrl.services import agentrl_command, free_port, run_service
     from agentrl.tools.client import ToolRegistry
 
     ideal = args.concurrency / (args.latency_ms / 1000)
-    proc = None
+
     url = args.url
-    if url is None:
-        proc, url = _start_service(args.port)
-    try:
+    with contextlib.ExitStack() as stack:
+        proc = None
+        if url is None:
+            port = args.port or free_port()
+            url = f"http://127.0.0.1:{port}"
+            proc = stack.enter_context(run_service(
+                agentrl_command("tools", "serve", "agentrl.tools.bench:delay", "--port", str(port)),
+                f"{url}/health", name="the bench tool service"))
+
         async def main() -> float:
             remote = ToolRegistry.from_config({"max_concurrency": args.concurrency,
                                                "services": [{"url": url, "max_concurrency": args.concurrency,
@@ -135,10 +119,6 @@ def run(args: argparse.Namespace) -> int:
             return ratio
 
         ratio = asyncio.run(main())
-    finally:
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=10)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"target: http ratio >= 0.80 -> {'met' if ratio >= 0.8 else 'NOT met'} "
           f"(host: {os.cpu_count()} CPUs, 1-min load average {load:.1f}; the http path needs the cpu ms/call "

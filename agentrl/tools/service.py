@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -28,6 +27,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from agentrl.services import free_port
 from agentrl.tools.toolset import ToolSet, UnknownSessionError
 
 log = logging.getLogger(__name__)
@@ -125,12 +125,6 @@ def create_app(tools: Iterable[Any] | ToolSet, *, defaults: dict[str, dict] | No
     return app
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def serve(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int = 8000,
           defaults: dict[str, dict] | None = None, max_concurrency: int = 1024, idle_ttl_s: float = 3600.0,
           log_level: str = "warning") -> None:
@@ -148,7 +142,7 @@ def serve_in_thread(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", 
     """Run a tool service in a background thread of this process; yields its base URL (notebooks, examples)."""
     import uvicorn
 
-    port = port or _free_port(host)
+    port = port or free_port(host)
     app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, name=f"tool-service-{port}", daemon=True)

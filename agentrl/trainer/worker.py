@@ -20,7 +20,6 @@ import dataclasses
 import math
 import os
 import random
-import socket
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+from agentrl.services import free_port
 from agentrl.trainer.algos import (
     agg_loss,
     entropy_from_logits,
@@ -62,12 +62,6 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, 
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PolicyWorker:
     """One FSDP2 rank. Use through `WorkerGroup` (which wraps it as a Ray actor when `use_ray`)."""
 
@@ -86,10 +80,10 @@ class PolicyWorker:
     def node_address(self) -> tuple[str, int]:
         """(address, free port) for the process-group rendezvous, asked of rank 0."""
         if self.world_size == 1:
-            return "127.0.0.1", _free_port()
+            return "127.0.0.1", free_port()
         import ray
 
-        return ray.util.get_node_ip_address(), _free_port()
+        return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, master_addr: str, master_port: int) -> None:
         import torch.distributed as dist

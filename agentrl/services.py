@@ -1,0 +1,104 @@
+"""Child services on loopback: pick a port, start a process in its own process group, wait until its health URL
+answers, and always stop the whole group (on success, errors and Ctrl-C alike).
+
+Used by the quickstart, `agentrl eval --serve-tools`, the benchmarks and the integration tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Iterator
+
+
+class ServiceStartError(RuntimeError):
+    """A child service exited or stayed silent during start-up; the message carries the tail of its output."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def agentrl_command(*args: str) -> list[str]:
+    """argv that runs `agentrl ARGS...` with this interpreter (works without the console script on PATH)."""
+    return [sys.executable, "-m", "agentrl.cli", *args]
+
+
+def stop_process_group(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGTERM the process group, SIGKILL it if it is still there after `timeout_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+
+
+def _tail(log: IO[bytes], limit: int = 3000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read().decode(errors="replace")[-limit:]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, *, name: str, timeout_s: float, log: IO[bytes] | None) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            output = _tail(log) if log is not None else ""
+            raise ServiceStartError(f"{name} exited with code {proc.returncode} during start-up:\n{output}")
+        try:
+            if httpx.get(url, timeout=2.0, trust_env=False).status_code < 300:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            output = _tail(log) if log is not None else ""
+            raise ServiceStartError(f"{name} did not answer {url} within {timeout_s:.0f}s:\n{output}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def run_service(cmd: list[str], health_url: str, *, name: str = "service", log_path: str | Path | None = None,
+                env: dict | None = None, cwd: str | Path | None = None,
+                timeout_s: float = 60.0) -> Iterator[subprocess.Popen]:
+    """Start `cmd`, wait for `health_url` to answer 2xx, yield the process, stop its group on exit.
+
+    Output goes to `log_path` (kept) or to a temporary file whose tail is shown when start-up fails.
+    """
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "w+b")
+    else:
+        log = tempfile.TemporaryFile()
+    try:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                cwd=cwd, start_new_session=True)
+        try:
+            wait_healthy(health_url, proc, name=name, timeout_s=timeout_s, log=log)
+            yield proc
+        finally:
+            stop_process_group(proc)
+    finally:
+        log.close()
