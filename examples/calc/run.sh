@@ -6,8 +6,8 @@
 #   bash examples/calc/run.sh actor.lr=3e-4 rollout.n=8         # extra args: `agentrl train` overrides
 #
 # Environment knobs (defaults in brackets): STEPS [10] RL steps; N_TRAIN [512] training tasks; N_EVAL [64]
-# held-out tasks; N_DEMOS [1600] SFT transcripts; SFT_STEPS [100] SFT optimizer steps (0: skip SFT);
-# SFT_LR [1e-3] SFT learning rate;
+# held-out tasks; N_DEMOS [2000] SFT transcripts; SFT_STEPS [300] SFT optimizer steps (0: skip SFT);
+# SFT_LR [2e-3] SFT learning rate;
 # SIZE [tiny] model size (tiny|small); BATCH [4] prompts per RL step; GROUP [4] episodes per prompt;
 # TEST_FREQ [5] validate every N steps (0: never); VAL_TASKS [16] held-out tasks per validation;
 # COMPARE [1] also evaluate the starting model side by side; OUT [runs/examples/calc] output root.
@@ -22,9 +22,9 @@ if [[ -x .venv/bin/agentrl ]]; then AGENTRL=.venv/bin/agentrl; fi
 STEPS=${STEPS:-10}
 N_TRAIN=${N_TRAIN:-512}
 N_EVAL=${N_EVAL:-64}
-N_DEMOS=${N_DEMOS:-1600}
-SFT_STEPS=${SFT_STEPS:-100}
-SFT_LR=${SFT_LR:-1e-3}
+N_DEMOS=${N_DEMOS:-2000}
+SFT_STEPS=${SFT_STEPS:-300}
+SFT_LR=${SFT_LR:-2e-3}
 SIZE=${SIZE:-tiny}
 BATCH=${BATCH:-4}
 GROUP=${GROUP:-4}

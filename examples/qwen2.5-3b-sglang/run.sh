@@ -22,8 +22,8 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-AGENTRL=agentrl PYTHON=python3
-if [[ -x .venv/bin/agentrl ]]; then AGENTRL=.venv/bin/agentrl PYTHON=.venv/bin/python; fi
+AGENTRL=agentrl PYTHON=python3 RAY=ray
+if [[ -x .venv/bin/agentrl ]]; then AGENTRL=.venv/bin/agentrl PYTHON=.venv/bin/python RAY=.venv/bin/ray; fi
 
 CONFIG=configs/calc_qwen2.5-3b_sglang.yaml
 MODEL_ID=${MODEL_ID:-Qwen/Qwen2.5-3B-Instruct}
@@ -52,7 +52,7 @@ STARTED_RAY=0
 cleanup() {
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [[ $STARTED_RAY == 1 ]]; then ray stop >/dev/null 2>&1 || true; fi
+  if [[ $STARTED_RAY == 1 ]]; then "$RAY" stop >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 
@@ -111,7 +111,7 @@ fi
 
 # 5. Ray: the trainer joins a cluster (trainer.ray_address: auto). Start a head with the training GPUs only.
 if [[ -z ${RAY_ADDRESS:-} ]]; then
-  run env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" ray start --head --num-gpus "$WORLD_SIZE" --disable-usage-stats
+  run env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" "$RAY" start --head --num-gpus "$WORLD_SIZE" --disable-usage-stats
   STARTED_RAY=$(( DRY_RUN == 1 ? 0 : 1 ))
   RAY_ADDRESS=auto
 fi
