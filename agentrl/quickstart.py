@@ -26,12 +26,12 @@ class QuickstartSettings:
     suites: list[str] = field(default_factory=lambda: ["calc", "lookup"])
     heldout_per_suite: int = 200
     sft_demos_per_suite: int = 1000
-    sft_steps: int = 120
+    sft_steps: int = 200  # ~2.3 s per step for the small model on 2 idle cores
     sft_batch_size: int = 16
     sft_lr: float = 2e-3
     grpo_steps: int = 20
-    grpo_prompts_per_step: int = 16
-    grpo_n: int = 8
+    grpo_prompts_per_step: int = 8
+    grpo_n: int = 4
     grpo_lr: float = 2e-5
     grpo_tasks_per_suite: int = 1000
     max_response_tokens: int = 256
