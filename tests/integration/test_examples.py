@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = REPO_ROOT / "examples"
 CPU_EXAMPLES = {"calc": ["calculator"], "lookup": ["lookup"], "code_sandbox": ["python"]}
-RUN_SCRIPTS = sorted(EXAMPLES.glob("*/run.sh"))
+RUN_SCRIPTS = sorted(EXAMPLES.glob("*/run.sh")) + sorted(EXAMPLES.glob("*.sh"))  # + shared pipelines
 
 
 @pytest.mark.parametrize("name", sorted(CPU_EXAMPLES))
