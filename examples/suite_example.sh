@@ -4,7 +4,7 @@
 set -euo pipefail
 
 : "${NAME:?set NAME to the suite (calc or lookup)}"
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 AGENTRL=agentrl
 if [[ -x .venv/bin/agentrl ]]; then AGENTRL=.venv/bin/agentrl; fi
 
