@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -274,7 +273,7 @@ def _main(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from agentrl.services import ServiceStartError
+    from agentrl.services import ServiceStartError, sigterm_as_interrupt
 
     values = dict(SMOKE) if args.smoke else {}
     fields = {f.name: f for f in dataclasses.fields(QuickstartSettings)}
@@ -289,10 +288,7 @@ def _main(args: argparse.Namespace) -> int:
     s = QuickstartSettings(run_dir=args.run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
 
-    def on_term(signum, frame):  # make `kill` behave like Ctrl-C so every service is stopped
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    sigterm_as_interrupt()
     try:
         run_quickstart(s)
     except ServiceStartError as e:

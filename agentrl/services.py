@@ -102,3 +102,13 @@ def run_service(cmd: list[str], health_url: str, *, name: str = "service", log_p
             stop_process_group(proc)
     finally:
         log.close()
+
+
+def sigterm_as_interrupt() -> None:
+    """Make SIGTERM (e.g. `kill`, a job scheduler) raise KeyboardInterrupt in the main thread, so the same
+    `finally`/context-manager clean-up that handles Ctrl-C stops every child service."""
+
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)

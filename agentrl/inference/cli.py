@@ -66,6 +66,7 @@ def _serve(args) -> int:
 
 def _launch_sglang(args) -> int:
     from agentrl.inference.launcher import SGLangLaunchSpec, launch_sglang_servers, sglang_server_commands
+    from agentrl.services import sigterm_as_interrupt
 
     extra = [a for a in args.extra if a != "--"]
     spec = SGLangLaunchSpec(model_path=args.model, num_servers=args.num_servers, tp=args.tp,
@@ -78,6 +79,7 @@ def _launch_sglang(args) -> int:
         for env, cmd in sglang_server_commands(spec):
             print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
         return 0
+    sigterm_as_interrupt()  # `kill` stops the servers too, not only Ctrl-C
     with launch_sglang_servers(spec, health_timeout_s=args.health_timeout) as servers:
         if args.urls_file:
             with open(args.urls_file, "w") as f:
