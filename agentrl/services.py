@@ -42,15 +42,33 @@ def agentrl_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "agentrl.cli", *args]
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def stop_process_group(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL it if it is still there after `timeout_s`."""
+    """SIGTERM the process group (the child started it with start_new_session), wait for the child and for
+    every other member (grandchildren outlive their parent by a moment), SIGKILL whatever is left after
+    `timeout_s`."""
+    pgid = proc.pid
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        pass
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if proc.poll() is None or _group_alive(pgid):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
         proc.wait(timeout=timeout_s)
 
 

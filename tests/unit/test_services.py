@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from agentrl.services import ServiceStartError, free_port, port_is_free, run_service, sigterm_as_interrupt
+from agentrl.services import ServiceStartError, free_port, port_is_free, run_service
 
 
 def test_port_helpers_see_a_listening_socket():
