@@ -32,8 +32,10 @@ from sandbox.config import SandboxConfig
 from sandbox.output import HeadTail, drain
 
 _HERE = Path(__file__).resolve().parent
-RUNNER_SRC = (_HERE / "runner_src.py").read_text()
-SESSION_SRC = (_HERE / "session_src.py").read_text()
+# Each in-sandbox program = the shared prelude (framing, site-packages) + its own text; see prelude_src.py.
+_PRELUDE_SRC = (_HERE / "prelude_src.py").read_text()
+RUNNER_SRC = _PRELUDE_SRC + "\n\n" + (_HERE / "runner_src.py").read_text()
+SESSION_SRC = _PRELUDE_SRC + "\n\n" + (_HERE / "session_src.py").read_text()
 WORKDIR = "/workspace"
 SANDBOX_UID = 65534
 ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf")

@@ -11,37 +11,8 @@ printed.
 
 import os
 import sys
+# _add_site_packages, _frame and _read_exact come from prelude_src.py, which the backend prepends.
 import threading
-
-
-def _add_site_packages():
-    """The interpreter starts with -S (its .pth files run arbitrary code on every start-up, tens of ms here):
-    put its site-packages on sys.path directly, so installed packages import as usual."""
-    version = "python%d.%d" % sys.version_info[:2]
-    for path in (os.path.join(sys.prefix, "lib", version, "site-packages"),
-                 os.path.join("/usr/local/lib", version, "dist-packages"), "/usr/lib/python3/dist-packages"):
-        if os.path.isdir(path) and path not in sys.path:
-            sys.path.append(path)
-
-
-def _frame(fd, obj):
-    import json
-
-    data = json.dumps(obj).encode()
-    payload = len(data).to_bytes(4, "big") + data
-    while payload:
-        payload = payload[os.write(fd, payload):]
-
-
-def _read_exact(fd, n):
-    chunks = []
-    while n:
-        chunk = os.read(fd, n)
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
 
 
 class Session:
