@@ -20,24 +20,7 @@ set -euo pipefail
 
 NAME=code_sandbox
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-AGENTRL=agentrl PYTHON=python3
-if [[ -x .venv/bin/agentrl ]]; then AGENTRL=.venv/bin/agentrl PYTHON=.venv/bin/python; fi
-
-STEPS=${STEPS:-10}
-N_TRAIN=${N_TRAIN:-512}
-N_EVAL=${N_EVAL:-64}
-N_DEMOS=${N_DEMOS:-2000}
-SFT_STEPS=${SFT_STEPS:-300}
-SFT_LR=${SFT_LR:-2e-3}
-SIZE=${SIZE:-tiny}
-BATCH=${BATCH:-4}
-GROUP=${GROUP:-4}
-TEST_FREQ=${TEST_FREQ:-5}
-VAL_TASKS=${VAL_TASKS:-16}
-COMPARE=${COMPARE:-1}
-OUT=${OUT:-runs/examples/$NAME}
-DATA=$OUT/data
-CONFIG=examples/$NAME/config.yaml
+source examples/knobs.sh
 mkdir -p "$OUT"
 
 SANDBOX_PID=
