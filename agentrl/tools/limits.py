@@ -18,12 +18,17 @@ class Limit:
         self.value = value
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary())
+        self._last: tuple[weakref.ref, asyncio.Semaphore] | None = None  # the latest loop's: skips the dict lookup
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1]
         sem = self._per_loop.get(loop)
         if sem is None:
             sem = self._per_loop[loop] = asyncio.Semaphore(self.value)
+        self._last = (weakref.ref(loop), sem)
         return sem
 
     async def __aenter__(self) -> None:

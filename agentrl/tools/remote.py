@@ -17,8 +17,8 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -26,6 +26,21 @@ from agentrl.tools.base import ToolResult
 from agentrl.tools.client import SessionOpenError, ToolServiceError
 from agentrl.tools.config import ServiceConfig
 from agentrl.tools.limits import Limit
+from agentrl.tools.transport import Origin, PooledTransport, RawResponse, request_head, with_body
+
+_NO_LIMIT = contextlib.nullcontext()
+
+
+def _json_body(response: RawResponse) -> Any:
+    """The decoded JSON body, or None when it is not JSON."""
+    try:
+        return json.loads(response.content)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        return None
+
+
+def _text(response: RawResponse) -> str:
+    return response.content.decode("utf-8", errors="replace")
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
@@ -66,29 +81,21 @@ def check_schemas(schemas: Any, where: str) -> list[dict]:
 class HTTPToolService:
     """One tool service (`agentrl tools serve`, or anything speaking the same routes)."""
 
-    def __init__(self, cfg: ServiceConfig, client: httpx.AsyncClient,
-                 transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(self, cfg: ServiceConfig, client: httpx.AsyncClient, transport: PooledTransport):
         self.cfg = cfg
         self.name = cfg.name
-        self.client = client
-        self._transport = transport  # the client's own transport, used directly for tool calls when given
+        self.client = client  # discovery and session closing
+        self._transport = transport  # the client's own transport; requests below go to it directly
+        self._origin = Origin.from_url(cfg.url)
+        self._base_path = urlsplit(cfg.url).path
         self._headers = {"content-type": "application/json", **cfg.headers}
+        self._heads: dict[tuple[str, str], bytes] = {}  # (method, path) -> request head, built once
         self.call_budget_s = cfg.call_budget_s
         self._own = Limit(cfg.max_concurrency)
         self._global: Limit | None = None
         self._stateful: set[str] = set()
         self._timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s, pool=cfg.timeout_s)
         self.in_flight = 0  # requests on the wire now (tests and metrics read it)
-
-    @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        # Own limit first: calls queued behind this service must not hold global slots other services need.
-        async with self._own, self._global or contextlib.nullcontext():
-            self.in_flight += 1
-            try:
-                yield
-            finally:
-                self.in_flight -= 1
 
     async def discover(self, limit: Limit) -> list[dict]:
         self._global = limit
@@ -117,35 +124,27 @@ class HTTPToolService:
     def is_stateful(self, tool: str) -> bool:
         return tool in self._stateful
 
-    async def _roundtrip(self, method: str, url: str, body: Any) -> httpx.Response:
-        if self._transport is None:
-            return await self.client.request(method, url, json=body, headers=self.cfg.headers, timeout=self._timeout)
-        # Hot path: straight to the shared pooled transport. The client layer's cookie, auth and redirect
-        # handling is a third of the per-call CPU and none of it applies to a tool service.
-        content = json.dumps(body, ensure_ascii=False).encode() if body is not None else b""
-        request = httpx.Request(method, url, content=content, headers=self._headers,
-                                extensions={"timeout": self._timeout.as_dict()})
-        response = await self._transport.handle_async_request(request)
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        return response
+    def _request(self, method: str, path: str, body: Any) -> bytes:
+        head = self._heads.get((method, path))
+        if head is None:
+            target = self._base_path + "/".join(quote(part, safe="") for part in path.split("/"))
+            head = self._heads[(method, path)] = request_head(method, target, self._origin, self._headers)
+        return with_body(head, json.dumps(body, ensure_ascii=False).encode() if body is not None else b"")
 
-    async def _send(self, method: str, path: str, body: Any = None) -> httpx.Response | ToolResult:
+    async def _send(self, method: str, path: str, body: Any = None) -> RawResponse | ToolResult:
         """One logical request with retries; returns the response or an infra ToolResult."""
-        url = f"{self.cfg.url}{path}"
+        data = self._request(method, path, body)
         attempt = 0
         while True:
             retry_after = None
-            async with self._slot():
+            # Own limit first: calls queued behind this service must not hold global slots other services need.
+            async with self._own, self._global or _NO_LIMIT:
+                self.in_flight += 1
                 try:
-                    # httpx bounds each socket operation; this bounds the whole attempt (a trickling server).
-                    async with asyncio.timeout(self.cfg.timeout_s + self.cfg.connect_timeout_s):
-                        response = await self._roundtrip(method, url, body)
-                except TimeoutError:
-                    return ToolResult.error("timeout", f"Error: tool service {self.name} did not answer within "
-                                                       f"{self.cfg.timeout_s}s")
+                    # The transport bounds connecting and the whole response (a trickling server too).
+                    response = await self._transport.roundtrip(self._origin, data,
+                                                               connect_timeout=self.cfg.connect_timeout_s,
+                                                               read_timeout=self.cfg.timeout_s)
                 except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                     failure = ToolResult.error("unreachable", f"Error: tool service {self.name} is unreachable "
                                                               f"({type(e).__name__})")
@@ -157,7 +156,7 @@ class HTTPToolService:
                                                            f"lost during the call ({type(e).__name__})")
                 else:
                     if response.status_code == 503:
-                        retry_after = parse_retry_after(response.headers.get("retry-after"))
+                        retry_after = parse_retry_after(response.header("retry-after"))
                         failure = ToolResult.error("overloaded", f"Error: tool service {self.name} is overloaded "
                                                                  f"(HTTP 503)")
                     elif response.status_code == 504:
@@ -165,6 +164,8 @@ class HTTPToolService:
                                                               f"(HTTP 504)")
                     else:
                         return response
+                finally:
+                    self.in_flight -= 1
             if attempt >= self.cfg.retries:
                 failure.metrics["attempts"] = attempt + 1
                 return failure
@@ -183,14 +184,11 @@ class HTTPToolService:
         if isinstance(response, ToolResult):
             return response
         where = f"tool service {self.name}"
-        try:
-            payload = response.json()
-        except ValueError:
-            payload = None
+        payload = _json_body(response)
         if response.status_code == 200:
             return ToolResult.from_wire(payload, where=where)
         kind = payload.get("error_kind") if isinstance(payload, dict) else None
-        detail = payload.get("detail") if isinstance(payload, dict) else response.text[:200]
+        detail = payload.get("detail") if isinstance(payload, dict) else _text(response)[:200]
         if response.status_code == 404 and kind == "unknown_tool":
             return ToolResult.error("unknown_tool", f"Error: {detail}")
         if response.status_code == 404 and kind == "unknown_session":
@@ -202,21 +200,19 @@ class HTTPToolService:
         response = await self._send("POST", "/sessions", {"tools_kwargs": tools_kwargs})
         if isinstance(response, ToolResult):
             raise SessionOpenError(response)
-        try:
-            session_id = response.json()["session_id"] if response.status_code == 200 else None
-        except (ValueError, KeyError, TypeError):
-            session_id = None
+        payload = _json_body(response) if response.status_code == 200 else None
+        session_id = payload.get("session_id") if isinstance(payload, dict) else None
         if not isinstance(session_id, str):
             raise SessionOpenError(ToolResult.error(
                 "server_error", f"Error: tool service {self.name} could not open a session (HTTP "
-                                f"{response.status_code}: {response.text[:200]})"))
+                                f"{response.status_code}: {_text(response)[:200]})"))
         return session_id
 
     async def close_session(self, session_id: str) -> None:
         # One short attempt, errors ignored: an episode must not wait on a sick service to finish, and the
         # service expires idle sessions itself.
         with contextlib.suppress(httpx.HTTPError):
-            async with self._slot():
+            async with self._own, self._global or _NO_LIMIT:
                 await self.client.delete(f"{self.cfg.url}/sessions/{session_id}", headers=self.cfg.headers,
                                          timeout=min(self.cfg.timeout_s, 5.0))
 
