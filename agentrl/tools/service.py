@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -38,18 +39,89 @@ def _json(body: Any, status: int = 200, headers: dict | None = None) -> Response
                     media_type="application/json")
 
 
+class ToolServiceApp:
+    """The tool service's ASGI app. `POST /tools/{name}`, the route every tool call takes, is handled here on raw
+    ASGI (FastAPI's routing, dependency solving and middleware were ~2/3 of the service's CPU per call); every
+    other route and the lifespan go to the FastAPI app `api`. Arguments are still validated by the tool's own
+    pydantic model (`Tool.invoke`)."""
+
+    def __init__(self, api: FastAPI, toolset: ToolSet, max_concurrency: int, retry_after_s: float):
+        self.api = api
+        self.toolset = toolset
+        self.max_concurrency = max_concurrency
+        self.retry_after = f"{retry_after_s:g}".encode()
+        self.in_flight = 0
+        self.calls = 0
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/tools/"):
+            await self._call_tool(scope["path"][len("/tools/"):], receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+    async def _call_tool(self, name: str, receive: Callable, send: Callable) -> None:
+        toolset = self.toolset
+        if name not in toolset.tools:
+            await _send_json(send, 404, {"detail": f"unknown tool '{name}'; known tools: "
+                                                   f"{', '.join(toolset.names())}",
+                                         "error_kind": "unknown_tool", "tools": toolset.names()})
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client went away before sending the whole body
+            raw += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError as e:
+            await _send_json(send, 400, {"detail": f"request body is not JSON: {e.msg}"})
+            return
+        if not isinstance(body, dict):
+            await _send_json(send, 400, {"detail": "request body must be {\"arguments\": {...}, \"session_id\": ...}"})
+            return
+        if self.in_flight >= self.max_concurrency:
+            await _send_json(send, 503, {"detail": f"tool service busy ({self.max_concurrency} calls in flight); "
+                                                   f"retry later"}, [(b"retry-after", self.retry_after)])
+            return
+        self.in_flight += 1
+        self.calls += 1
+        try:
+            result = await toolset.call(name, body.get("arguments", {}), body.get("session_id"))
+        except UnknownSessionError:
+            status, reply = 404, {"detail": f"session {body.get('session_id')!r} is not open here (closed, "
+                                            f"expired or the service restarted)", "error_kind": "unknown_session"}
+        except Exception as e:  # the service boundary: a crash becomes a 500 the client maps
+            log.exception("tool %s crashed the service", name)
+            status, reply = 500, {"detail": f"tool service error in {name}: {type(e).__name__}: {e}"}
+        else:
+            status, reply = 200, result.to_wire()
+        finally:
+            self.in_flight -= 1
+        await _send_json(send, status, reply)
+
+
+async def _send_json(send: Callable, status: int, body: Any, headers: list | None = None) -> None:
+    data = json.dumps(body, ensure_ascii=False).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data)),
+                            *(headers or ())]})
+    await send({"type": "http.response.body", "body": data})
+
+
 def create_app(tools: Iterable[Any] | ToolSet, *, defaults: dict[str, dict] | None = None,
-               max_concurrency: int = 1024, idle_ttl_s: float = 3600.0, retry_after_s: float = 1.0) -> FastAPI:
-    """A FastAPI app serving `tools` (functions, `@tool`s or a ready `ToolSet`).
+               max_concurrency: int = 1024, idle_ttl_s: float = 3600.0, retry_after_s: float = 1.0) -> ToolServiceApp:
+    """The ASGI app serving `tools` (functions, `@tool`s or a ready `ToolSet`).
 
     `defaults` maps tool name -> session_factory kwargs (e.g. {"lookup": {"kb_path": "kb.jsonl"}}), merged
     under each session's `tools_kwargs`. Sessions idle for `idle_ttl_s` are released.
     """
     toolset = tools if isinstance(tools, ToolSet) else ToolSet(tools, defaults=defaults, idle_ttl_s=idle_ttl_s)
-    state = {"in_flight": 0, "calls": 0}
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(api: FastAPI):
         async def sweep() -> None:
             while True:
                 await asyncio.sleep(min(60.0, max(toolset.idle_ttl_s / 2, 0.05)))
@@ -62,47 +134,19 @@ def create_app(tools: Iterable[Any] | ToolSet, *, defaults: dict[str, dict] | No
             sweeper.cancel()
             await toolset.aclose()  # release sandbox sessions and other per-session state on shutdown
 
-    app = FastAPI(title="agentrl tool service", lifespan=lifespan)
-    app.state.toolset = toolset
+    api = FastAPI(title="agentrl tool service", lifespan=lifespan)
+    app = ToolServiceApp(api, toolset, max_concurrency, retry_after_s)
 
-    @app.get("/health")
+    @api.get("/health")
     async def health() -> dict:
         return {"status": "ok", "tools": toolset.names(), "stateful_tools": toolset.stateful_names(),
-                "sessions": len(toolset.sessions), "in_flight": state["in_flight"], "calls": state["calls"]}
+                "sessions": len(toolset.sessions), "in_flight": app.in_flight, "calls": app.calls}
 
-    @app.get("/tools")
+    @api.get("/tools")
     async def list_tools() -> Response:
         return _json(toolset.schemas())
 
-    @app.post("/tools/{name}")
-    async def call_tool(name: str, request: Request) -> Response:
-        if name not in toolset.tools:
-            return _json({"detail": f"unknown tool '{name}'; known tools: {', '.join(toolset.names())}",
-                          "error_kind": "unknown_tool", "tools": toolset.names()}, status=404)
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except json.JSONDecodeError as e:
-            return _json({"detail": f"request body is not JSON: {e.msg}"}, status=400)
-        if not isinstance(body, dict):
-            return _json({"detail": "request body must be {\"arguments\": {...}, \"session_id\": ...}"}, status=400)
-        if state["in_flight"] >= max_concurrency:
-            return _json({"detail": f"tool service busy ({max_concurrency} calls in flight); retry later"},
-                         status=503, headers={"Retry-After": f"{retry_after_s:g}"})
-        state["in_flight"] += 1
-        state["calls"] += 1
-        try:
-            result = await toolset.call(name, body.get("arguments", {}), body.get("session_id"))
-        except UnknownSessionError:
-            return _json({"detail": f"session {body.get('session_id')!r} is not open here (closed, expired or "
-                                    f"the service restarted)", "error_kind": "unknown_session"}, status=404)
-        except Exception as e:
-            log.exception("tool %s crashed the service", name)
-            return _json({"detail": f"tool service error in {name}: {type(e).__name__}: {e}"}, status=500)
-        finally:
-            state["in_flight"] -= 1
-        return _json(result.to_wire())
-
-    @app.post("/sessions")
+    @api.post("/sessions")
     async def open_session(request: Request) -> Response:
         raw = await request.body()
         try:
@@ -118,7 +162,7 @@ def create_app(tools: Iterable[Any] | ToolSet, *, defaults: dict[str, dict] | No
             return _json({"detail": str(e)}, status=400)
         return _json({"session_id": session_id})
 
-    @app.delete("/sessions/{session_id}")
+    @api.delete("/sessions/{session_id}")
     async def close_session(session_id: str) -> JSONResponse:
         return JSONResponse({"closed": await toolset.close_session(session_id)})
 
@@ -132,7 +176,13 @@ def serve(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int 
     import uvicorn
 
     app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency, idle_ttl_s=idle_ttl_s)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+    # A process of its own: move everything built so far (imports, tools) out of the collector's sight, so a
+    # full collection walks only what is allocated while serving and never pauses every call in flight for
+    # tens of ms (measured: 50-90 ms with the start-up heap).
+    gc.collect()
+    gc.freeze()
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
+                proxy_headers=False)
 
 
 @contextlib.contextmanager
@@ -144,7 +194,8 @@ def serve_in_thread(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", 
 
     port = port or free_port(host)
     app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                           proxy_headers=False))
     thread = threading.Thread(target=server.run, name=f"tool-service-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout_s
