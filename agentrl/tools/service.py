@@ -1,4 +1,4 @@
-"""The tool service: a FastAPI app that serves a `ToolSet` over HTTP.
+"""The tool service: an ASGI app that serves a `ToolSet` over HTTP (tool calls on raw ASGI, the rest on FastAPI).
 
 Routes (the contract in DESIGN.md):
 - `GET /tools` -> list of OpenAI function schemas
