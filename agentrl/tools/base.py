@@ -2,7 +2,7 @@
 
 The schema comes from the type hints (through pydantic, which also validates the arguments, so the schema the
 model sees and the check its arguments pass are the same thing) and from the Google-style docstring (through
-`transformers`' docstring parser). Arguments are validated before the function runs; a validation failure, an
+`parse_google_docstring`). Arguments are validated before the function runs; a validation failure, an
 unknown tool or an exception inside the tool become a `ToolResult` for the model, never an exception.
 
 Every failed result carries an `error_kind`. Policy kinds are the model's own mistakes and are trained on;
@@ -23,6 +23,7 @@ import enum
 import functools
 import inspect
 import json
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -272,14 +273,45 @@ class Tool:
         return result
 
 
+_SECTION_RE = re.compile(r"(Args|Arguments|Parameters|Returns?|Yields?|Raises|Examples?|Notes?|Attributes|Warnings?"
+                         r"|See Also|Todo):")
+_ARG_RE = re.compile(r"(\w+)\s*(?:\([^()]*\))?\s*:(?:\s+(.*))?")
+
+
+def parse_google_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """(description, {argument name: description}) from a Google-style docstring.
+
+    The description is the text before the first section header (`Args:`, `Returns:`, ...). In `Args:`, an
+    entry is `name: text` or `name (type): text`; lines indented deeper than the entries continue the entry
+    and are joined with single spaces. Other sections are ignored (the schema has no place for them).
+    """
+    description: list[str] = []
+    args: dict[str, list[str]] = {}
+    section: str | None = None
+    current: str | None = None
+    entry_indent: int | None = None
+    for line in inspect.cleandoc(doc).splitlines():
+        text = line.strip()
+        header = _SECTION_RE.fullmatch(text)
+        if header:
+            section, current, entry_indent = header.group(1), None, None
+            continue
+        if section is None:
+            description.append(line)
+        elif section in ("Args", "Arguments", "Parameters") and text:
+            indent = len(line) - len(line.lstrip())
+            entry = _ARG_RE.fullmatch(text)
+            if entry and (entry_indent is None or indent <= entry_indent):
+                current, entry_indent = entry.group(1), indent
+                args[current] = [entry.group(2) or ""]
+            elif current is not None:
+                args[current].append(text)
+    return "\n".join(description).strip(), {k: " ".join(p for p in v if p) for k, v in args.items()}
+
+
 def _parse_docstring(fn: Callable) -> tuple[str, dict[str, str]]:
     doc = inspect.getdoc(fn)
-    if not doc:
-        return "", {}
-    from transformers.utils.chat_template_utils import parse_google_format_docstring
-
-    description, args, _ = parse_google_format_docstring(doc)
-    return (description or "").strip(), dict(args or {})
+    return parse_google_docstring(doc) if doc else ("", {})
 
 
 def _build_args_model(fn: Callable, name: str, has_session: bool) -> tuple[type[pydantic.BaseModel], dict]:
@@ -362,5 +394,6 @@ __all__ = [
     "ToolInfraError",
     "ToolResult",
     "as_tool",
+    "parse_google_docstring",
     "tool",
 ]

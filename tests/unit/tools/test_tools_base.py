@@ -170,3 +170,26 @@ def test_error_kinds_split_and_wire_round_trip():
     assert ToolResult.from_wire({"content": "x", "is_error": True}, where="svc").error_kind == "tool_error"
     with pytest.raises(ValueError, match="error_kind"):
         ToolResult("x", error_kind="oops")
+
+
+def test_google_docstring_sections_types_and_continuations():
+    from agentrl.tools.base import parse_google_docstring
+
+    description, args = parse_google_docstring('''Do a thing.
+
+        Twice, if asked.
+
+        Args:
+            a (int): The a.
+                Continued here.
+            b: Has key: value inside.
+            c:
+                On the next line.
+
+        Returns:
+            something: not an argument.
+        ''')
+    assert description == "Do a thing.\n\nTwice, if asked."
+    assert args == {"a": "The a. Continued here.", "b": "Has key: value inside.", "c": "On the next line."}
+    assert parse_google_docstring("Only a line; mentions Args: in passing.") == (
+        "Only a line; mentions Args: in passing.", {})
