@@ -1,0 +1,22 @@
+"""`agentrl bench tools` end to end on a small load: both paths report, nothing fails, targets are judged."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from agentrl.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_tools_reports_both_paths_without_errors(capsys):
+    assert main(["bench", "tools", "--calls", "40", "--concurrency", "8", "--latency-ms", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "start-up heap frozen" in out
+    for label in ("http", "in-process"):
+        line = next(row for row in out.splitlines() if row.startswith(label + " "))
+        assert re.search(r"ratio \d\.\d\d .* errors 0 .* gc: \d+ full", line), line
+    assert re.search(r"targets: http ratio >= 0.80 -> (met|NOT met), http p99 overhead < 20 ms -> (met|NOT met)",
+                     out), out
