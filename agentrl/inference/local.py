@@ -9,9 +9,11 @@ How it works: `generate()` is called from many coroutines; each call enqueues a 
 One decode thread (off the event loop, so tool calls keep being serviced while the model runs) loops:
 
 1. drop aborted rows; admit waiting requests into free slots (up to `max_batch_size` rows and
-   `max_prefill_tokens` prompt tokens per step); each is prefilled alone and its first token sampled;
+   `max_prefill_tokens` prompt tokens per step); their prompts are prefilled a few at a time, right-padded in
+   groups of similar length (`prefill.py`), and the first tokens sampled;
 2. one forward pass decodes one token for every running row over a left-padded KV cache (`kv_batch.py`);
-3. finished rows (stop token, EOS, stop string, max_new_tokens, context full) resolve their futures and leave.
+3. finished rows (stop token, EOS, stop string, max_new_tokens, context full) leave the batch and their futures
+   are resolved, one event-loop wake-up per step.
 
 Weight updates take the same lock as a scheduler step, so they land between steps: a request may finish on new
 weights, but no step mixes weights. `weight_version` is reported in `Generation.metrics`.
@@ -38,7 +40,8 @@ import torch
 
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
-from agentrl.inference.kv_batch import PaddedKVBatch
+from agentrl.inference.kv_batch import PaddedKVBatch, RowKV
+from agentrl.inference.prefill import plan_groups, prefill_padded, prefill_with_prefix
 from agentrl.inference.prefix_cache import SessionPrefixCache
 from agentrl.inference.sampling import make_generator, sample_batch
 from agentrl.types import Generation, SamplingParams
@@ -110,9 +113,12 @@ class LocalEngine:
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._admitting: list[_Request] = []
+        self._finished: list[tuple[_Request, Generation]] = []  # resolved after each step (_post_finished)
         self._by_id: dict[str, _Request] = {}
         self._closed = False
-        self._batch = PaddedKVBatch(self.max_model_len)
+        self._batch = PaddedKVBatch(self.max_model_len, self.config.max_batch_size)
+        # a ready-made 4D mask skips transformers' mask construction each step; SDPA takes bool masks
+        self._mask_4d = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self._prefix = SessionPrefixCache(self.config.prefix_cache_tokens)
         self.stats = {"steps": 0, "prefills": 0, "prefill_tokens": 0, "cached_tokens": 0, "max_rows": 0,
                       "max_token_slots": 0}
@@ -280,6 +286,8 @@ class LocalEngine:
                 except Exception as e:  # thread boundary: fail the batch, keep serving
                     log.exception("local engine step failed")
                     self._fail_running(EngineError(f"local engine step failed: {type(e).__name__}: {e}"))
+                finally:
+                    self._post_finished()
         self._fail_all(EngineError("LocalEngine was closed while the request was pending"))
 
     def _step(self) -> None:
@@ -296,12 +304,12 @@ class LocalEngine:
                 self._waiting = deque(r for r in self._waiting if not r.aborted)
         for r in aborted_waiting:
             self._finish(r, "abort")
-        keep = [i for i, r in enumerate(self._running) if not r.aborted]
-        if len(keep) != len(self._running):
-            aborted = [r for r in self._running if r.aborted]
-            self._running = [self._running[i] for i in keep]
-            self._batch.keep(keep)
-            for r in aborted:
+        aborted = [i for i, r in enumerate(self._running) if r.aborted]
+        if aborted:
+            finished = [self._running[i] for i in aborted]
+            order = self._batch.drop(aborted)
+            self._running = [self._running[i] for i in order]
+            for r in finished:
                 self._finish(r, "abort")
 
     def _admit(self) -> None:
@@ -314,43 +322,48 @@ class LocalEngine:
                     break
                 budget -= len(nxt.prompt)
                 admitted.append(self._waiting.popleft())
+        if not admitted:
+            return
         self._admitting = admitted  # failed by _fail_running if a prefill raises
-        caches, lengths, joined = [], [], []
-        for r in admitted:
+        rows: list[RowKV | None] = [None] * len(admitted)
+        logits: list[torch.Tensor | None] = [None] * len(admitted)
+        fresh = []
+        for i, r in enumerate(admitted):
             r.t_start = time.perf_counter()
             r.weight_version_start = self.weight_version
             hit = self._prefix.take(r.session_id, r.prompt) if r.session_id and self._prefix.max_tokens else None
-            cache, logits = self._prefill(r.prompt, hit)
-            r.cached_tokens = hit[0] if hit else 0
-            (token,), (logprob,) = sample_batch(logits, [r.params], [r.generator])
+            if hit is None:
+                fresh.append(i)
+                continue
+            r.cached_tokens = hit[0]
+            rows[i], logits[i] = prefill_with_prefix(self.model, r.prompt, hit, self._cache_kw, self.device)
+            self._count_prefill(len(r.prompt) - hit[0], hit[0])
+        for group in plan_groups([len(admitted[i].prompt) for i in fresh], self.config.max_prefill_tokens):
+            members = [fresh[g] for g in group]
+            group_rows, group_logits = prefill_padded(self.model, [admitted[i].prompt for i in members],
+                                                      self._cache_kw, self.device)
+            for j, i in enumerate(members):
+                rows[i], logits[i] = group_rows[j], group_logits[j:j + 1]
+                self._count_prefill(len(admitted[i].prompt), 0)
+        tokens, logprobs = sample_batch(torch.cat(logits), [r.params for r in admitted],
+                                        [r.generator for r in admitted])
+        joined, joined_rows = [], []
+        for r, row, token, logprob in zip(admitted, rows, tokens, logprobs):
             reason = self._append(r, token, logprob)
             if reason is not None:
-                self._remember(r, reason, [(l.keys, l.values) for l in cache.layers])
+                self._remember(r, reason, [(k.unsqueeze(0).clone(), v.unsqueeze(0).clone()) for k, v in row])
                 self._finish(r, reason)
                 continue
-            caches.append(cache)
-            lengths.append(len(r.prompt))
             joined.append(r)
-        self._batch.add(caches, lengths)
+            joined_rows.append(row)
+        self._batch.add(joined_rows, [len(r.prompt) for r in joined])
         self._running.extend(joined)
         self._admitting = []
 
-    def _prefill(self, prompt: list[int], hit: tuple[int, list] | None):
-        """Run the prompt (after the reused prefix of `hit`, if any) as one row; returns (cache, last logits)."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        start = 0
-        if hit is not None:
-            start, kv = hit
-            for li, (k, v) in enumerate(kv):
-                cache.update(k, v, li)
-        ids = torch.tensor([prompt[start:]], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+    def _count_prefill(self, tokens: int, cached: int) -> None:
         self.stats["prefills"] += 1
-        self.stats["prefill_tokens"] += len(prompt) - start
-        self.stats["cached_tokens"] += start
-        return cache, out.logits[:, -1, :].float().cpu()
+        self.stats["prefill_tokens"] += tokens
+        self.stats["cached_tokens"] += cached
 
     def _remember(self, r: _Request, reason: str, kv: list) -> None:
         """Keep a finished session turn's KV (prompt + output minus the last sampled token) for its next turn."""
@@ -358,26 +371,28 @@ class LocalEngine:
             self._prefix.put(r.session_id, r.prompt + r.out_ids[:-1], kv)
 
     def _decode(self) -> None:
-        mask_B_L, pos_B_1 = self._batch.step_inputs()
-        ids_B_1 = torch.tensor([[r.out_ids[-1]] for r in self._running], dtype=torch.long)
-        out = self.model(input_ids=ids_B_1.to(self.device), attention_mask=mask_B_L.to(self.device),
-                         position_ids=pos_B_1.to(self.device), use_cache=True, **{self._cache_kw: self._batch.cache})
+        self._batch.reserve_step()
+        mask, pos_B_1 = self._batch.step_inputs(self._mask_4d)
+        ids_B_1 = torch.tensor([[r.out_ids[-1]] for r in self._running], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids_B_1, attention_mask=mask, position_ids=pos_B_1, use_cache=True,
+                         **{self._cache_kw: self._batch.cache})
         self._batch.advance()
         self.stats["max_rows"] = max(self.stats["max_rows"], len(self._running))
         self.stats["max_token_slots"] = max(self.stats["max_token_slots"], self._batch.token_slots())
         logits_B_V = out.logits[:, -1, :].float().cpu()
         tokens, logprobs = sample_batch(logits_B_V, [r.params for r in self._running],
                                         [r.generator for r in self._running])
-        reasons = [self._append(r, t, lp) for r, t, lp in zip(self._running, tokens, logprobs)]
-        keep = [i for i, reason in enumerate(reasons) if reason is None]
-        if len(keep) != len(self._running):
-            done = [(r, reason) for r, reason in zip(self._running, reasons) if reason is not None]
-            for i, (r, reason) in enumerate(zip(self._running, reasons)):
-                if reason is not None and r.session_id:
+        done = []
+        for i, (r, t, lp) in enumerate(zip(self._running, tokens, logprobs)):
+            reason = self._append(r, t, lp)
+            if reason is not None:
+                done.append((i, r, reason))
+                if r.session_id:
                     self._remember(r, reason, self._batch.row_kv(i))
-            self._running = [self._running[i] for i in keep]
-            self._batch.keep(keep)
-            for r, reason in done:  # resolve after the batch shrank, so callers see the slot free
+        if done:
+            order = self._batch.drop([i for i, _, _ in done])
+            self._running = [self._running[i] for i in order]
+            for _, r, reason in done:  # resolve after the batch shrank, so callers see the slot free
                 self._finish(r, reason)
 
     def _append(self, r: _Request, token: int, logprob: float) -> str | None:
@@ -419,7 +434,20 @@ class LocalEngine:
         )
         with self._cv:
             self._by_id.pop(r.rid, None)
-        _post(r, gen, None)
+        self._finished.append((r, gen))
+
+    def _post_finished(self) -> None:
+        """Resolve the step's finished requests: one wake-up per event loop, not one per request (each wake-up
+        hands the GIL to the event-loop thread and stalls this one)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for r, gen in self._finished:
+            by_loop.setdefault(r.loop, []).append((r.future, gen, None))
+        self._finished = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve_all, items)
+            except RuntimeError:  # the caller's event loop is already closed: nobody is waiting for the result
+                pass
 
     def _fail_running(self, error: EngineError) -> None:
         for r in [*self._running, *self._admitting]:
@@ -430,7 +458,7 @@ class LocalEngine:
                 self._by_id.pop(r.rid, None)
             _post(r, None, error)
         self._running, self._admitting = [], []
-        self._batch = PaddedKVBatch(self.max_model_len)
+        self._batch = PaddedKVBatch(self.max_model_len, self.config.max_batch_size)
 
     def _fail_all(self, error: EngineError) -> None:
         self._fail_running(error)
@@ -446,6 +474,11 @@ def _post(r: _Request, result: Any, error: BaseException | None) -> None:
         r.loop.call_soon_threadsafe(_resolve, r.future, result, error)
     except RuntimeError:  # the caller's event loop is already closed: nobody is waiting for the result
         pass
+
+
+def _resolve_all(items: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
+    for future, result, error in items:
+        _resolve(future, result, error)
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -1,0 +1,99 @@
+"""PaddedKVBatch (rows join, decode, leave, buffers regrow) and the prefill grouping plan."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from agentrl.inference.kv_batch import PaddedKVBatch
+from agentrl.inference.prefill import plan_groups
+
+LAYERS, HEADS, DIM = 2, 2, 4
+
+
+def _row(tag: int, n: int):
+    """Per layer K/V [heads, n, dim] whose values name the row, layer and position: easy to check later."""
+    pos = torch.arange(n, dtype=torch.float32).view(1, n, 1).expand(HEADS, n, DIM)
+    return [(tag * 1000 + li * 100 + pos, -(tag * 1000 + li * 100 + pos)) for li in range(LAYERS)]
+
+
+def _decode(batch: PaddedKVBatch, tags: list[int]) -> None:
+    """One decode step as the model does it: write each row's next position, then advance."""
+    batch.reserve_step()
+    mask, pos = batch.step_inputs(mask_4d=True)
+    assert mask.shape == (len(tags), 1, 1, batch.width + 1) and pos[:, 0].tolist() == batch.lengths
+    for li in range(LAYERS):
+        k = torch.stack([torch.full((HEADS, 1, DIM), float(t * 1000 + li * 100 + n))
+                         for t, n in zip(tags, batch.lengths)])
+        keys, _ = batch.cache.layers[li].update(k, -k, li)
+        assert keys.shape[2] == batch.width + 1
+        # masked-out columns hold zeros, never stale or uninitialised values
+        assert torch.all(keys.masked_fill(mask[:, :, 0, :, None].expand_as(keys), 0) == 0)
+    batch.advance()
+
+
+def _check(batch: PaddedKVBatch, tags: list[int]) -> None:
+    for row, tag in enumerate(tags):
+        for li, (k, v) in enumerate(batch.row_kv(row)):
+            expect = tag * 1000 + li * 100 + torch.arange(batch.lengths[row], dtype=torch.float32)
+            assert torch.equal(k[0, :, :, 0], expect.expand(HEADS, -1)) and torch.equal(v, -k)
+
+
+def test_rows_join_decode_leave_and_keep_their_kv():
+    batch = PaddedKVBatch(max_width=512, max_rows=8, headroom=4)
+    tags, lengths = [1, 2, 3], [5, 9, 2]
+    batch.add([_row(t, n) for t, n in zip(tags, lengths)], lengths)
+    _check(batch, tags)
+    for _ in range(7):  # past the headroom: the buffers regrow and keep the rows
+        _decode(batch, tags)
+    _check(batch, tags)
+    order = batch.drop([0])  # the last row moves into the hole
+    tags = [tags[i] for i in order]
+    assert tags == [3, 2] and batch.width == max(batch.lengths)
+    _check(batch, tags)
+    batch.add([_row(4, 40), _row(5, 1)], [40, 1])  # a longer row widens the window for everyone
+    tags += [4, 5]
+    _decode(batch, tags)
+    _check(batch, tags)
+    order = batch.drop([2, 0])
+    tags = [tags[i] for i in order]
+    assert sorted(tags) == [2, 5] and batch.width == max(batch.lengths)
+    _decode(batch, tags)
+    _check(batch, tags)
+    assert batch.drop([0, 1]) == [] and len(batch) == 0 and batch.token_slots() == 0
+
+
+def test_random_churn_stays_consistent_and_bounded():
+    rng = random.Random(0)
+    batch = PaddedKVBatch(max_width=300, max_rows=6, headroom=8)
+    tags: list[int] = []
+    next_tag = 1
+    for _ in range(60):
+        free = 6 - len(tags)
+        if free and rng.random() < 0.5:
+            k = rng.randint(1, free)
+            lengths = [rng.randint(1, 60) for _ in range(k)]
+            batch.add([_row(next_tag + j, n) for j, n in enumerate(lengths)], lengths)
+            tags += list(range(next_tag, next_tag + k))
+            next_tag += k
+        if tags and rng.random() < 0.3:
+            dead = rng.sample(range(len(tags)), rng.randint(1, len(tags)))
+            tags = [tags[i] for i in batch.drop(dead)]
+        if tags:
+            _decode(batch, tags)
+            _check(batch, tags)
+        assert batch.token_slots() <= 6 * 300
+
+
+def test_plan_groups_balances_padding_against_passes():
+    assert plan_groups([], 4096) == []
+    assert plan_groups([50] * 8, 4096) == [list(range(8))]  # equal lengths: one pass
+    groups = plan_groups([10, 2000, 12, 1990], 8192, pass_cost_tokens=32)
+    assert groups == [[1, 3], [2, 0]]  # long with long, short with short
+    bounded = plan_groups([100] * 10, 300)
+    assert all(len(g) * 100 <= 300 for g in bounded)
+    assert plan_groups([5000, 10], 4096) == [[0], [1]]  # a prompt longer than the cap still gets its pass
+    lengths = [random.Random(1).randint(1, 300) for _ in range(40)]
+    flat = sorted(i for g in plan_groups(lengths, 1024) for i in g)
+    assert flat == list(range(40))
