@@ -219,7 +219,9 @@ class _Connection(asyncio.Protocol):
 class PooledTransport(httpx.AsyncBaseTransport):
     """Keep-alive HTTP/1.1 connections for one event loop (the registry's); see the module docstring."""
 
-    def __init__(self, max_keepalive: int = 256, keepalive_expiry_s: float = 5.0):
+    # 4 s: under the 5 s idle limit of uvicorn (our tool services) and node, so we drop a connection before the
+    # server does instead of racing its close with a request.
+    def __init__(self, max_keepalive: int = 256, keepalive_expiry_s: float = 4.0):
         if max_keepalive < 1:
             raise ValueError(f"max_keepalive must be >= 1, got {max_keepalive}")
         self.max_keepalive = max_keepalive

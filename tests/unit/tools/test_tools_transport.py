@@ -77,6 +77,16 @@ async def test_keep_alive_connection_is_reused_and_request_bytes_are_exact():
         await pool.aclose()
 
 
+async def test_connection_idle_past_the_keepalive_expiry_is_replaced():
+    async with scripted_server(keep_answering) as (origin, state):
+        pool = PooledTransport(keepalive_expiry_s=0.05)
+        for pause in (0.0, 0.1):
+            await asyncio.sleep(pause)
+            assert (await pool.roundtrip(origin, post(origin), connect_timeout=1, read_timeout=1)).status_code == 200
+        assert state["connections"] == 2
+        await pool.aclose()
+
+
 async def test_concurrent_requests_get_their_own_connections_then_share_the_pool():
     async def slow(reader, writer, state):
         while await read_request(reader) is not None:
