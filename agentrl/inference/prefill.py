@@ -62,7 +62,10 @@ def prefill_padded(model, prompts: list[list[int]], cache_kw: str, device) -> tu
     check_full_attention(cache)
     rows = [[(layer.keys[row, :, :len(p)], layer.values[row, :, :len(p)]) for layer in cache.layers]
             for row, p in enumerate(prompts)]
-    return rows, out.logits[:, -1, :].float().cpu()
+    logits = out.logits
+    if logits.shape[1] != 1:  # a model whose forward ignores logits_to_keep returns every position
+        logits = logits[torch.arange(len(prompts), device=logits.device), last_B_1[:, 0]].unsqueeze(1)
+    return rows, logits[:, -1, :].float().cpu()
 
 
 def prefill_with_prefix(model, prompt: list[int], prefix: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None, cache_kw: str,

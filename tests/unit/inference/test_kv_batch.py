@@ -1,4 +1,4 @@
-"""PaddedKVBatch (rows join, decode, leave, buffers regrow) and the prefill grouping plan."""
+"""PaddedKVBatch (rows join, decode, leave, buffers regrow), the prefill grouping plan and the padded prefill."""
 
 from __future__ import annotations
 
@@ -97,3 +97,25 @@ def test_plan_groups_balances_padding_against_passes():
     lengths = [random.Random(1).randint(1, 300) for _ in range(40)]
     flat = sorted(i for g in plan_groups(lengths, 1024) for i in g)
     assert flat == list(range(40))
+
+
+def test_padded_prefill_matches_one_row_prefill(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.inference.prefill import prefill_padded, prefill_with_prefix
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompts = [[5 + i for i in range(n)] for n in (7, 30, 1, 19)]
+    with torch.inference_mode():
+        rows, logits = prefill_padded(model, prompts, "cache", "cpu")
+        for p, row, lg in zip(prompts, rows, logits):
+            alone_row, alone_logits = prefill_with_prefix(model, p, None, "cache", "cpu")
+            assert torch.allclose(lg, alone_logits[0], atol=1e-5)
+            for (k, v), (k1, v1) in zip(row, alone_row):
+                assert k.shape == k1.shape == (model.config.num_key_value_heads, len(p), k.shape[-1])
+                assert torch.allclose(k, k1, atol=1e-5) and torch.allclose(v, v1, atol=1e-5)
+        # a model whose forward ignores logits_to_keep (returns every position) gives the same next-token logits
+        real_forward = model.forward
+        model.forward = lambda **kw: real_forward(**{**kw, "logits_to_keep": 0})
+        _, all_positions = prefill_padded(model, prompts, "cache", "cpu")
+    assert torch.allclose(all_positions, logits, atol=1e-5)
