@@ -11,7 +11,8 @@ concatenation, which is what `DynamicLayer` does and what dominates decode time 
 moving the last row into its slot (one row copy, not a rebuild of the batch); when the longest row leaves, the
 window just starts later. A joining row is copied into a free slot, and only when the window must widen are the
 newly exposed columns zeroed. Buffers are reallocated only when rows or columns run out (capacity grows by half),
-so their size stays within `max_rows x max_width` token slots: the KV memory bound of the engine.
+so their size stays within `max_rows x max_width` token slots: the KV memory bound of the engine. They are kept
+while the batch is empty, so the next requests reuse them instead of faulting in fresh pages; `release()` frees them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class PaddedKVBatch:
         width = max(self.width, *lengths)
         if not self.k:
             self._allocate(rows[0], len(rows), width)
+        elif not old_rows and len(rows) <= self.k[0].shape[0] and width + 1 <= self.k[0].shape[2]:
+            self.end = width  # idle buffers big enough: reuse them (no rows to move, no fresh pages to fault in)
         else:
             self._reserve(old_rows + len(rows), width, 1)
         end = self.end
@@ -112,12 +115,17 @@ class PaddedKVBatch:
             for h, m in zip(holes, movers):
                 order[h] = m
         self.lengths = [self.lengths[i] for i in order]
+        self.width = max(self.lengths, default=0)
         if not self.lengths:
-            self.k, self.v, self.cache, self.width, self.end = [], [], None, 0, 0
-            return order
-        self.width = max(self.lengths)
+            self.end = 0
         self._refresh()
         return order
+
+    def release(self) -> None:
+        """Free the buffers (they are kept while the batch is empty, for the next requests); rows must be gone."""
+        if self.lengths:
+            raise RuntimeError(f"release() with {len(self.lengths)} rows still in the batch")
+        self.k, self.v, self.cache, self.width, self.end = [], [], None, 0, 0
 
     # ------------------------------------------------------------------ decode steps
 

@@ -249,6 +249,8 @@ class LocalEngine:
                 own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
             self.weight_version += 1
             self._prefix.clear()  # KV computed with the old weights must not seed new requests
+            if not self._running:  # between rollout phases: give the idle KV buffers back
+                self._batch.release()
         return self.weight_version
 
     def _load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:

@@ -61,7 +61,15 @@ def test_rows_join_decode_leave_and_keep_their_kv():
     assert sorted(tags) == [2, 5] and batch.width == max(batch.lengths)
     _decode(batch, tags)
     _check(batch, tags)
-    assert batch.drop([0, 1]) == [] and len(batch) == 0 and batch.token_slots() == 0
+    slots, storage = batch.token_slots(), batch.k[0].data_ptr()
+    assert batch.drop([0, 1]) == [] and len(batch) == 0 and batch.token_slots() == slots  # kept while idle
+    batch.add([_row(6, 3)], [3])  # the next request reuses the idle buffers
+    assert batch.k[0].data_ptr() == storage
+    _decode(batch, [6])
+    _check(batch, [6])
+    batch.drop([0])
+    batch.release()
+    assert batch.token_slots() == 0 and batch.cache is None
 
 
 def test_random_churn_stays_consistent_and_bounded():
