@@ -17,6 +17,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("out", help="output directory (created if missing; files of an earlier build are overwritten)")
     p.add_argument("--size", choices=sorted(SIZES), default="tiny", help="model size (default: tiny)")
     p.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default: 0)")
+    p.add_argument("--init", choices=["random", "copy"], default="random",
+                   help="random weights, or random plus a hand-set in-context copy (induction) circuit that lets a "
+                        "tiny model learn tool use in minutes (default: random)")
     p.set_defaults(func=_init_model)
 
 
@@ -25,11 +28,11 @@ def _init_model(args: argparse.Namespace) -> int:
 
     from agentrl.models.tiny import CONTROL_TOKENS, SPECIAL_TOKENS, build_tiny_model, count_parameters
 
-    out = build_tiny_model(args.out, size=args.size, seed=args.seed)
+    out = build_tiny_model(args.out, size=args.size, seed=args.seed, init=args.init)
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     config = model.config
-    print(f"wrote {args.size} model (seed {args.seed}) to {out}")
+    print(f"wrote {args.size} model (seed {args.seed}, init {args.init}) to {out}")
     for path in sorted(out.iterdir()):
         if path.is_file():
             print(f"  {path.name:<24} {path.stat().st_size:>10,} bytes")

@@ -62,17 +62,25 @@ SIZES: dict[str, ModelShape] = {
 }
 
 
-def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a randomly initialised Qwen2 model + tokenizer + chat template + generation config to `out_dir`.
+INITS = ("random", "copy")
 
-    Deterministic: the same `size` and `seed` give byte-identical weight and tokenizer files. Existing files of a
-    previous build in `out_dir` are overwritten. Returns `out_dir` as a Path.
+
+def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, init: str = "random") -> Path:
+    """Write a Qwen2 model + tokenizer + chat template + generation config to `out_dir`.
+
+    `init="random"`: the usual random initialisation. `init="copy"`: random, then the in-context copy (induction)
+    circuit of `agentrl.models.copy_circuit` set by hand, which is what lets a model this small learn tool use
+    (copying arguments and results) within minutes of CPU training.
+    Deterministic: the same `size`, `seed` and `init` give byte-identical weight and tokenizer files. Existing
+    files of a previous build in `out_dir` are overwritten. Returns `out_dir` as a Path.
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r}; choose one of {list(INITS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -102,6 +110,10 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
+    if init == "copy":
+        from agentrl.models.copy_circuit import install_copy_circuit
+
+        install_copy_circuit(model, seed=seed)
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
 
