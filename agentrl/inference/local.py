@@ -41,7 +41,7 @@ import torch
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.kv_batch import PaddedKVBatch, RowKV
-from agentrl.inference.prefill import plan_groups, prefill_padded, prefill_with_prefix
+from agentrl.inference.prefill import LastLayerTrim, plan_groups, prefill_padded, prefill_with_prefix
 from agentrl.inference.prefix_cache import SessionPrefixCache
 from agentrl.inference.sampling import make_generator, sample_batch
 from agentrl.types import Generation, SamplingParams
@@ -106,6 +106,8 @@ class LocalEngine:
         self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
         # transformers renamed `past_key_values` to `cache` (5.2x); use whichever this model's forward takes.
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._trim = LastLayerTrim(self.model)  # prefill: the last layer's output only where logits are read
+        self._trim.verify(self.model, self._cache_kw, self.device)
         self.weight_version = 0
         self._ids = itertools.count()
         self._cv = threading.Condition()  # guards _waiting, _closed and request.aborted
@@ -338,12 +340,13 @@ class LocalEngine:
                 fresh.append(i)
                 continue
             r.cached_tokens = hit[0]
-            rows[i], logits[i] = prefill_with_prefix(self.model, r.prompt, hit, self._cache_kw, self.device)
+            rows[i], logits[i] = prefill_with_prefix(self.model, r.prompt, hit, self._cache_kw, self.device,
+                                                     trim=self._trim)
             self._count_prefill(len(r.prompt) - hit[0], hit[0])
         for group in plan_groups([len(admitted[i].prompt) for i in fresh], self.config.max_prefill_tokens):
             members = [fresh[g] for g in group]
             group_rows, group_logits = prefill_padded(self.model, [admitted[i].prompt for i in members],
-                                                      self._cache_kw, self.device)
+                                                      self._cache_kw, self.device, trim=self._trim)
             for j, i in enumerate(members):
                 rows[i], logits[i] = group_rows[j], group_logits[j:j + 1]
                 self._count_prefill(len(admitted[i].prompt), 0)

@@ -10,16 +10,82 @@ Grouping trades padding against passes: every forward pass has a fixed cost (Pyt
 of the weights) worth roughly `pass_cost_tokens` prompt tokens, so near-equal lengths share a pass and very
 different ones do not. `plan_groups` picks the cheapest split of the length-sorted prompts exactly (dynamic
 programming over contiguous runs), with at most `max_tokens` padded tokens per pass to bound activation memory.
+
+The last decoder layer's output is needed only where logits are read (`LastLayerTrim`).
 """
 
 from __future__ import annotations
+
+import logging
+import threading
+from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
 
 from agentrl.inference.kv_batch import RowKV, check_full_attention
 
+log = logging.getLogger(__name__)
+
 PASS_COST_TOKENS = 32
+
+
+class LastLayerTrim:
+    """Run the last decoder layer's output projection and MLP only at each row's last prompt position.
+
+    In a prefill the last layer's keys and values are needed at every position (they go to the KV cache), but its
+    output only where logits are read: skipping the rest saves 1/num_layers of the projection and MLP work (a
+    sixth on the 6-layer small model, half on the 2-layer tiny one). Forward pre-hooks on that layer's
+    `self_attn.o_proj` and `mlp` keep one position per row; the residual add then broadcasts, so the layer's other
+    positions hold values nothing reads. The hooks exist only inside `at(...)` and act only on the thread that
+    entered it (a trainer sharing the model on another thread is untouched). `verify` compares a trimmed prefill
+    with a plain one and switches the trim off for models whose layers do not follow this pattern.
+    """
+
+    def __init__(self, model):
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        layers = getattr(decoder, "layers", None)
+        last = layers[-1] if layers is not None and len(layers) else None
+        targets = (getattr(getattr(last, "self_attn", None), "o_proj", None), getattr(last, "mlp", None))
+        self.targets = [m for m in targets if isinstance(m, torch.nn.Module)]
+        self.enabled = len(self.targets) == 2
+
+    @contextmanager
+    def at(self, last_B: torch.Tensor):
+        """Within the block, this thread's forward passes keep position last_B[b] of row b in the last layer."""
+        if not self.enabled:
+            yield
+            return
+        owner = threading.get_ident()
+        rows_B = torch.arange(len(last_B), device=last_B.device)
+
+        def keep_last(module, args):
+            if threading.get_ident() != owner or not args or args[0].dim() != 3:
+                return None
+            return (args[0][rows_B, last_B].unsqueeze(1), *args[1:])
+
+        handles = [m.register_forward_pre_hook(keep_last) for m in self.targets]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def verify(self, model, cache_kw: str, device) -> bool:
+        """Turn the trim off unless a trimmed two-row prefill gives the plain one's logits and K/V."""
+        if not self.enabled:
+            return False
+        vocab = int(model.config.vocab_size)
+        prompts = [[(7 * i + 3) % vocab for i in range(9)], [(5 * i + 1) % vocab for i in range(4)]]
+        with torch.inference_mode():
+            plain_rows, plain = prefill_padded(model, prompts, cache_kw, device)
+            rows, trimmed = prefill_padded(model, prompts, cache_kw, device, trim=self)
+        same_kv = all(torch.equal(k, k2) and torch.equal(v, v2)
+                      for row, row2 in zip(rows, plain_rows) for (k, v), (k2, v2) in zip(row, row2))
+        if not (same_kv and torch.allclose(trimmed, plain, rtol=1e-4, atol=1e-5)):
+            log.warning("prefill: this model's last layer does not fit LastLayerTrim; prefilling every position")
+            self.enabled = False
+        return self.enabled
 
 
 def plan_groups(lengths: list[int], max_tokens: int, pass_cost_tokens: int = PASS_COST_TOKENS) -> list[list[int]]:
@@ -49,7 +115,8 @@ def plan_groups(lengths: list[int], max_tokens: int, pass_cost_tokens: int = PAS
     return groups[::-1]
 
 
-def prefill_padded(model, prompts: list[list[int]], cache_kw: str, device) -> tuple[list[RowKV], torch.Tensor]:
+def prefill_padded(model, prompts: list[list[int]], cache_kw: str, device,
+                   trim: LastLayerTrim | None = None) -> tuple[list[RowKV], torch.Tensor]:
     """Run `prompts` as one right-padded batch. Returns (per row: per layer K/V [kv_heads, n, head_dim] views
     of its n prompt tokens, next-token logits [rows, vocab] in fp32)."""
     width = max(len(p) for p in prompts)
@@ -58,7 +125,8 @@ def prefill_padded(model, prompts: list[list[int]], cache_kw: str, device) -> tu
         ids_B_L[row, :len(p)] = torch.tensor(p, dtype=torch.long)
     last_B_1 = torch.tensor([[len(p) - 1] for p in prompts], dtype=torch.long, device=device)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids_B_L.to(device), use_cache=True, logits_to_keep=last_B_1, **{cache_kw: cache})
+    with trim.at(last_B_1[:, 0]) if trim is not None else _nothing():
+        out = model(input_ids=ids_B_L.to(device), use_cache=True, logits_to_keep=last_B_1, **{cache_kw: cache})
     check_full_attention(cache)
     rows = [[(layer.keys[row, :, :len(p)], layer.values[row, :, :len(p)]) for layer in cache.layers]
             for row, p in enumerate(prompts)]
@@ -68,8 +136,8 @@ def prefill_padded(model, prompts: list[list[int]], cache_kw: str, device) -> tu
     return rows, logits[:, -1, :].float().cpu()
 
 
-def prefill_with_prefix(model, prompt: list[int], prefix: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None, cache_kw: str,
-                        device) -> tuple[RowKV, torch.Tensor]:
+def prefill_with_prefix(model, prompt: list[int], prefix: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None,
+                        cache_kw: str, device, trim: LastLayerTrim | None = None) -> tuple[RowKV, torch.Tensor]:
     """Run one prompt after the K/V of its first m tokens (`prefix` = (m, per layer K/V [1, kv_heads, m,
     head_dim])). Returns (per layer K/V [kv_heads, n, head_dim] of the whole prompt, logits [1, vocab] fp32)."""
     cache = DynamicCache(config=model.config)
@@ -79,10 +147,16 @@ def prefill_with_prefix(model, prompt: list[int], prefix: tuple[int, list[tuple[
         for li, (k, v) in enumerate(kv):
             cache.update(k, v, li)
     ids = torch.tensor([prompt[start:]], dtype=torch.long, device=device)
-    out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+    with trim.at(torch.tensor([ids.shape[1] - 1], device=device)) if trim is not None else _nothing():
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
     check_full_attention(cache)
     row = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
     return row, out.logits[:, -1, :].float().cpu()
 
 
-__all__ = ["PASS_COST_TOKENS", "plan_groups", "prefill_padded", "prefill_with_prefix"]
+@contextmanager
+def _nothing():
+    yield
+
+
+__all__ = ["PASS_COST_TOKENS", "LastLayerTrim", "plan_groups", "prefill_padded", "prefill_with_prefix"]

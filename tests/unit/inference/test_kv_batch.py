@@ -127,3 +127,40 @@ def test_padded_prefill_matches_one_row_prefill(tiny_model_dir):
         model.forward = lambda **kw: real_forward(**{**kw, "logits_to_keep": 0})
         _, all_positions = prefill_padded(model, prompts, "cache", "cpu")
     assert torch.allclose(all_positions, logits, atol=1e-5)
+
+
+def test_last_layer_trim_is_exact_and_leaves_other_threads_alone(tiny_model_dir):
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.inference.prefill import LastLayerTrim, prefill_padded
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompts = [[9 + i for i in range(n)] for n in (23, 5, 40)]
+    trim = LastLayerTrim(model)
+    assert trim.verify(model, "cache", "cpu")
+    with torch.inference_mode():
+        plain_rows, plain = prefill_padded(model, prompts, "cache", "cpu")
+        rows, trimmed = prefill_padded(model, prompts, "cache", "cpu", trim=trim)
+        assert torch.allclose(trimmed, plain, atol=1e-5)
+        assert all(torch.equal(k, k2) for r, r2 in zip(rows, plain_rows) for (k, _), (k2, _) in zip(r, r2))
+        # inside the trim, another thread's forward passes (a trainer sharing the model) see every position
+        ids = torch.tensor([prompts[2]])
+        expect = model(input_ids=ids).logits
+        seen = {}
+        with trim.at(torch.tensor([3])):
+            def trainer():
+                with torch.inference_mode():
+                    seen["logits"] = model(input_ids=ids).logits
+
+            worker = threading.Thread(target=trainer)
+            worker.start()
+            worker.join()
+        assert torch.allclose(seen["logits"], expect, atol=1e-6)
+    assert not trim.targets[0]._forward_pre_hooks  # hooks are gone after the block
+    # a model whose layers do not fit the pattern: verify switches the trim off
+    first = model.model.layers[0]
+    wrong = LastLayerTrim(model)
+    wrong.targets = [first.self_attn.o_proj, first.mlp]
+    assert wrong.verify(model, "cache", "cpu") is False and wrong.enabled is False
