@@ -11,7 +11,7 @@ Splits differ in distribution, not only seed:
 | split   | operand digits                       | operations per problem |
 |---------|--------------------------------------|------------------------|
 | train   | 2-4                                  | 1 (60%), 2 (40%)       |
-| heldout | 3-6, at least one operand of 5+ digits | 1 (30%), 2 (40%), 3 (30%) |
+| heldout | 3-6, at least one operand of 5+ digits | 1 (40%), 2 (40%), 3 (20%) |
 
 so no held-out problem can occur in training (train operands are < 10000). Every result is a non-negative
 integer (division only when exact), and the ground truth is computed on Python ints, not by evaluating text.
@@ -47,7 +47,7 @@ class CalcSplit:
 
 SPLIT_SPECS = {
     "train": CalcSplit(min_digits=2, max_digits=4, op_counts=(1, 2), op_weights=(0.6, 0.4), big_digits=0),
-    "heldout": CalcSplit(min_digits=3, max_digits=6, op_counts=(1, 2, 3), op_weights=(0.3, 0.4, 0.3),
+    "heldout": CalcSplit(min_digits=3, max_digits=6, op_counts=(1, 2, 3), op_weights=(0.4, 0.4, 0.2),
                          big_digits=5),
 }
 

@@ -9,6 +9,11 @@ needs a call on the question's entity, then a call on the value the first respon
 What a small model must learn: copy the entity name from the question into `lookup`, find the asked relation in
 the response, copy its value either into a second call (two hops) or into `<answer>...</answer>`.
 
+Names are quoted in questions ('Who manages "Kalo Works"?') and the tool answers in JSON, so a name is the same
+tokens wherever it appears: after a quote, as in the call's JSON. Unquoted, "Kalo" after a space is another
+token (" Kalo") than inside the call ("Kalo"), and a model of a few million parameters spends most of its
+budget learning that the two spell the same name.
+
 Splits differ in distribution, not only seed:
 - names: a whole name belongs to exactly one split (`common.name_in_split`), so held-out questions are about
   entities never seen in training, built from the same syllables (familiar tokens, unseen combinations);
@@ -33,16 +38,16 @@ COMPANY_SUFFIXES = ["Labs", "Works", "Corp", "Group", "Foods", "Motors", "System
 
 # (entity kind, relation path, question template)
 QUESTIONS: list[tuple[str, tuple[str, ...], str]] = [
-    ("person", ("born_in",), "Where was {e} born?"),
-    ("person", ("works_at",), "Which company does {e} work for?"),
-    ("company", ("manager",), "Who manages {e}?"),
-    ("company", ("based_in",), "In which city is {e} based?"),
-    ("city", ("country",), "Which country is {e} in?"),
-    ("company", ("manager", "born_in"), "Where was the manager of {e} born?"),
-    ("company", ("based_in", "country"), "Which country is {e} based in?"),
-    ("person", ("works_at", "manager"), "Who manages the company {e} works for?"),
-    ("person", ("born_in", "country"), "Which country was {e} born in?"),
-    ("person", ("works_at", "based_in"), "In which city is the company {e} works for based?"),
+    ("person", ("born_in",), 'Where was "{e}" born?'),
+    ("person", ("works_at",), 'Which company does "{e}" work for?'),
+    ("company", ("manager",), 'Who manages "{e}"?'),
+    ("company", ("based_in",), 'In which city is "{e}" based?'),
+    ("city", ("country",), 'Which country is "{e}" in?'),
+    ("company", ("manager", "born_in"), 'Where was the manager of "{e}" born?'),
+    ("company", ("based_in", "country"), 'Which country is "{e}" based in?'),
+    ("person", ("works_at", "manager"), 'Who manages the company "{e}" works for?'),
+    ("person", ("born_in", "country"), 'Which country was "{e}" born in?'),
+    ("person", ("works_at", "based_in"), 'In which city is the company "{e}" works for based?'),
 ]
 
 TWO_HOP_SHARE = {"train": 0.3, "heldout": 0.7}

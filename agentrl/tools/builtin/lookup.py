@@ -85,11 +85,9 @@ def load_kb(kb_path: str) -> KnowledgeBase:
 
 
 def format_facts(entity: str, facts: dict) -> str:
-    lines = [f"{entity}:"]
-    for relation, value in facts.items():
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        lines.append(f"- {relation}: {text}")
-    return "\n".join(lines)
+    """One JSON object: {"entity": ..., relation: value, ...} (values are quoted as in a call's arguments, so a
+    value copied into the next call or the answer is the same tokens)."""
+    return json.dumps({"entity": entity, **facts}, ensure_ascii=False)
 
 
 async def lookup_session(kb_path: str | None = None) -> KnowledgeBase:

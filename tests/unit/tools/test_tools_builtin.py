@@ -57,8 +57,8 @@ def kb_path(tmp_path):
 def test_lookup_finds_facts_case_and_punctuation_insensitively(kb_path):
     kb = asyncio.run(lookup_session(str(kb_path)))
     text = lookup("marie  CURIE!", session=kb)
-    assert text == 'Marie Curie:\n- born in: Warsaw\n- awards: ["Nobel Prize in Physics"]'
-    assert lookup("Warsaw", session=kb) == "Warsaw:\n- country: Poland\n- population: 1860000"
+    assert json.loads(text) == {"entity": "Marie Curie", "born in": "Warsaw", "awards": ["Nobel Prize in Physics"]}
+    assert lookup("Warsaw", session=kb) == '{"entity": "Warsaw", "country": "Poland", "population": 1860000}'
 
 
 def test_lookup_unknown_entity_suggests_close_names(kb_path):
