@@ -22,6 +22,7 @@ from pathlib import Path
 class QuickstartSettings:
     run_dir: str = "runs/quickstart"
     size: str = "small"  # agentrl init-model size
+    init: str = "copy"  # agentrl init-model --init: random weights plus a hand-set in-context copy circuit
     suites: list[str] = field(default_factory=lambda: ["calc", "lookup"])
     heldout_per_suite: int = 200
     sft_demos_per_suite: int = 1000
@@ -32,6 +33,7 @@ class QuickstartSettings:
     grpo_prompts_per_step: int = 8
     grpo_n: int = 4
     grpo_lr: float = 2e-5
+    grpo_mini_batches: int = 1  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 1000
     max_response_tokens: int = 256
     max_assistant_turns: int = 4
@@ -125,7 +127,7 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64),
-        actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0, ppo_mini_batch_size=s.grpo_prompts_per_step,
+        actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0, ppo_mini_batch_size=max(1, s.grpo_prompts_per_step // s.grpo_mini_batches),
                           max_tokens_per_micro_batch=16384, use_kl_loss=False, entropy_coeff=0.0,
                           clip_ratio_high=0.28),
         trainer=TrainerConfig(total_steps=s.grpo_steps, run_dir=str(run_dir), resume="never", seed=s.seed,
@@ -182,8 +184,8 @@ def run_quickstart(s: QuickstartSettings) -> Path:
     phase = Phases(total=8)
     started = time.perf_counter()
 
-    with phase(f"build the {s.size} model and tokenizer offline"):
-        init_dir = build_tiny_model(root / "init-model", size=s.size, seed=s.seed)
+    with phase(f"build the {s.size} model ({s.init} init) and tokenizer offline"):
+        init_dir = build_tiny_model(root / "init-model", size=s.size, seed=s.seed, init=s.init)
     with phase(f"generate data ({', '.join(s.suites)}: demos, RL tasks, held-out)"):
         data = make_data(s, root / "data")
 
@@ -268,6 +270,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_main)
 
 
+def _setting_value(key: str, raw: str, field):
+    """`--set key=raw` as the setting's type: YAML reads `2e-4` as a string (YAML 1.1 floats need a dot), so
+    numbers are converted by the declared type; a value that does not convert names the key and the type."""
+    import yaml
+
+    kind = {"int": int, "float": float, "str": str}.get(field.type if isinstance(field.type, str) else "")
+    try:
+        return kind(raw) if kind else yaml.safe_load(raw)
+    except ValueError:
+        raise SystemExit(f"quickstart --set: {key}={raw!r} is not a valid {field.type}") from None
+
+
 def _main(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -284,7 +298,7 @@ def _main(args: argparse.Namespace) -> int:
 
             close = difflib.get_close_matches(key, list(fields), n=1)
             raise SystemExit(f"quickstart --set: unknown setting {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
-        values[key] = yaml.safe_load(raw)
+        values[key] = _setting_value(key, raw, fields[key])
     s = QuickstartSettings(run_dir=args.run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
 
