@@ -13,8 +13,8 @@ echo "== [$NAME] data -> $DATA"
 
 BASE=$OUT/base-model
 if [[ ! -f $BASE/config.json ]]; then
-  echo "== [$NAME] model: agentrl init-model --size $SIZE"
-  "$AGENTRL" init-model "$BASE" --size "$SIZE" --seed 0
+  echo "== [$NAME] model: agentrl init-model --size $SIZE --init copy"
+  "$AGENTRL" init-model "$BASE" --size "$SIZE" --seed 0 --init copy
 fi
 
 START=$BASE
