@@ -21,19 +21,19 @@ from pathlib import Path
 @dataclass
 class QuickstartSettings:
     run_dir: str = "runs/quickstart"
-    size: str = "small"  # agentrl init-model size
+    size: str = "tiny"  # agentrl init-model size: tiny trains ~5x faster per step than small on 2 cores
     init: str = "copy"  # agentrl init-model --init: random weights plus a hand-set in-context copy circuit
     suites: list[str] = field(default_factory=lambda: ["calc", "lookup"])
     heldout_per_suite: int = 200
     sft_demos_per_suite: int = 1000
-    sft_steps: int = 200  # ~2.3 s per step for the small model on 2 idle cores
+    sft_steps: int = 600  # ~0.5 s per step for the tiny model on 2 idle cores (small: ~2.3 s)
     sft_batch_size: int = 16
     sft_lr: float = 2e-3
     grpo_steps: int = 20
     grpo_prompts_per_step: int = 8
-    grpo_n: int = 4
-    grpo_lr: float = 2e-5
-    grpo_mini_batches: int = 1  # optimizer steps per GRPO step (the step's prompts split into this many groups)
+    grpo_n: int = 8
+    grpo_lr: float = 1e-4
+    grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 1000
     max_response_tokens: int = 256
     max_assistant_turns: int = 4
