@@ -285,8 +285,6 @@ def _setting_value(key: str, raw: str, field):
 def _main(args: argparse.Namespace) -> int:
     import dataclasses
 
-    import yaml
-
     from agentrl.services import ServiceStartError, sigterm_as_interrupt
 
     values = dict(SMOKE) if args.smoke else {}

@@ -19,3 +19,12 @@ COMPARE=${COMPARE:-1}
 OUT=${OUT:-runs/examples/$NAME}
 DATA=$OUT/data
 CONFIG=examples/$NAME/config.yaml
+
+# The example's base model (built once): the tiny model with the in-context copy circuit.
+BASE=$OUT/base-model
+build_base_model() {
+  if [[ ! -f $BASE/config.json ]]; then
+    echo "== [$NAME] model: agentrl init-model --size $SIZE --init copy"
+    "$AGENTRL" init-model "$BASE" --size "$SIZE" --seed 0 --init copy
+  fi
+}

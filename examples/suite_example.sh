@@ -11,11 +11,7 @@ echo "== [$NAME] data -> $DATA"
 "$AGENTRL" data make "$NAME" --split train --n "$N_TRAIN" "$DATA/$NAME-train.jsonl" --seed 0
 "$AGENTRL" data make "$NAME" --split heldout --n "$N_EVAL" "$DATA/$NAME-heldout.jsonl" --seed 0
 
-BASE=$OUT/base-model
-if [[ ! -f $BASE/config.json ]]; then
-  echo "== [$NAME] model: agentrl init-model --size $SIZE --init copy"
-  "$AGENTRL" init-model "$BASE" --size "$SIZE" --seed 0 --init copy
-fi
+build_base_model
 
 START=$BASE
 if (( SFT_STEPS > 0 )); then

@@ -60,11 +60,7 @@ echo "== [$NAME] data -> $DATA"
 "$AGENTRL" data make code --split train --n "$N_TRAIN" "$DATA/code-train.jsonl" --seed 0
 "$AGENTRL" data make code --split heldout --n "$N_EVAL" "$DATA/code-heldout.jsonl" --seed 0
 
-BASE=$OUT/base-model
-if [[ ! -f $BASE/config.json ]]; then
-  echo "== [$NAME] model: agentrl init-model --size $SIZE --init copy"
-  "$AGENTRL" init-model "$BASE" --size "$SIZE" --seed 0 --init copy
-fi
+build_base_model
 
 START=$BASE
 if (( SFT_STEPS > 0 )); then
