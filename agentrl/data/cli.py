@@ -2,6 +2,7 @@
 
     agentrl data make calc --split train --n 2000 data/calc-train.jsonl --seed 0
     agentrl data make lookup --split heldout --n 200 data/lookup-heldout.jsonl      # + data/lookup-heldout.kb.jsonl
+    agentrl data make calc --split train --hard --n 1000 data/calc-rl.jsonl --seed 1  # more multi-step problems
     agentrl data demos calc --n 2000 data/calc-sft.jsonl --seed 1                   # + data/calc-sft.tasks.jsonl
 
 Use different seeds for the SFT demonstrations and the RL training tasks if the RL prompts should be new to the
@@ -23,8 +24,8 @@ def _count(text: str) -> int:
 def _make(args: argparse.Namespace) -> int:
     from agentrl.data.suites import write_suite
 
-    paths = write_suite(args.suite, args.split, args.n, args.out, seed=args.seed, kb_path=args.kb)
-    print(f"wrote {args.n} {args.suite}/{args.split} tasks: " + ", ".join(str(p) for p in paths))
+    paths = write_suite(args.suite, args.split, args.n, args.out, seed=args.seed, kb_path=args.kb, hard=args.hard)
+    print(f"wrote {args.n} {args.suite}/{args.split}{' (hard mix)' if args.hard else ''} tasks: " + ", ".join(str(p) for p in paths))
     return 0
 
 
@@ -50,6 +51,9 @@ def add_commands(subparsers) -> None:
     make.add_argument("--n", type=_count, required=True, help="number of distinct tasks")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--kb", default=None, help="lookup only: where to write the KB (default OUT.kb.jsonl)")
+    make.add_argument("--hard", action="store_true",
+                      help="calc/lookup train split only: the hard mix for RL (more two-operation / two-hop "
+                           "problems, same numbers and names)")
     make.set_defaults(func=_make)
 
     demos = sub.add_parser("demos", help="write N scripted, verified solution transcripts (SFT rows)")

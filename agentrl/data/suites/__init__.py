@@ -33,29 +33,32 @@ def default_kb_path(out: str | Path) -> Path:
     return out.with_name(stem + ".kb.jsonl")
 
 
-def make_suite(suite: str, split: str, n: int, seed: int = 0, *,
-               kb_path: str | Path | None = None) -> tuple[list[dict], list[dict] | None]:
-    """(task rows, KB rows or None). `kb_path` is required for "lookup": the tasks point their tool at it."""
+def make_suite(suite: str, split: str, n: int, seed: int = 0, *, kb_path: str | Path | None = None,
+               hard: bool = False) -> tuple[list[dict], list[dict] | None]:
+    """(task rows, KB rows or None). `kb_path` is required for "lookup": the tasks point their tool at it.
+    `hard`: the train split's hard mix (more multi-step problems, same numbers and names; calc and lookup)."""
     check_suite(suite)
     check_split(split)
     if suite == "calc":
-        return calc.make_tasks(split, n, seed), None
+        return calc.make_tasks(split, n, seed, hard=hard), None
     if suite == "code":
+        if hard:
+            raise ValueError("code: there is no hard mix; use hard=False (--hard) for the code suite")
         return code.make_tasks(split, n, seed), None
     if kb_path is None:
         raise ValueError("the lookup suite needs kb_path: the file its tasks' lookup tool will read")
-    tasks, kb = lookup.make_tasks(split, n, seed, kb_path=str(kb_path))
+    tasks, kb = lookup.make_tasks(split, n, seed, kb_path=str(kb_path), hard=hard)
     return tasks, kb.rows()
 
 
 def write_suite(suite: str, split: str, n: int, out: str | Path, *, seed: int = 0,
-                kb_path: str | Path | None = None) -> list[Path]:
+                kb_path: str | Path | None = None, hard: bool = False) -> list[Path]:
     """Write `n` tasks to `out` (JSONL) and, for lookup, the KB (default OUT.kb.jsonl, referenced by absolute
     path from the tasks). Returns the paths written. Same arguments, same bytes."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     kb_file = Path(kb_path or default_kb_path(out)).resolve() if suite == "lookup" else None
-    tasks, kb_rows = make_suite(suite, split, n, seed, kb_path=kb_file)
+    tasks, kb_rows = make_suite(suite, split, n, seed, kb_path=kb_file, hard=hard)
     write_jsonl(out, tasks)
     if kb_file is None:
         return [out]

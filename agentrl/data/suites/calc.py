@@ -13,7 +13,9 @@ Splits differ in distribution, not only seed:
 | train   | 2-4                                  | 1 (60%), 2 (40%)       |
 | heldout | 3-6, at least one operand of 5+ digits | 1 (40%), 2 (40%), 3 (20%) |
 
-so no held-out problem can occur in training (train operands are < 10000). Every result is a non-negative
+so no held-out problem can occur in training (train operands are < 10000). The train split's *hard mix*
+(`hard=True`, what the quickstart gives GRPO) keeps the train numbers but asks for two operations 70% of the
+time: the skill RL most improves (carry every operand over, in order) needs multi-step problems to practise on. Every result is a non-negative
 integer (division only when exact), and the ground truth is computed on Python ints, not by evaluating text.
 The reward is `numeric` with tolerance 0 (exact): the numeric reward's default 1e-6 is also a *relative*
 tolerance, which would accept an 11-digit answer with its last four digits wrong.
@@ -22,9 +24,9 @@ tolerance, which would accept an 11-digit answer with its last four digits wrong
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from agentrl.data.suites.common import split_rng, task_row, unique_rows
+from agentrl.data.suites.common import check_hard, split_rng, task_row, unique_rows
 
 NAME = "calc"
 TOOLS = ["calculator"]
@@ -50,6 +52,9 @@ SPLIT_SPECS = {
     "heldout": CalcSplit(min_digits=3, max_digits=6, op_counts=(1, 2, 3), op_weights=(0.4, 0.4, 0.2),
                          big_digits=5),
 }
+
+
+HARD_OP_WEIGHTS = (0.3, 0.7)  # the train split's hard mix: same numbers, more two-operation problems
 
 
 @dataclass
@@ -99,10 +104,14 @@ def _problem(rng: random.Random, spec: CalcSplit) -> Problem:
     return Problem(" ".join(parts), expr, value, operands)
 
 
-def make_tasks(split: str, n: int, seed: int = 0) -> list[dict]:
-    """`n` distinct calc tasks of `split` ("train" | "heldout"), fully determined by (split, n, seed)."""
+def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list[dict]:
+    """`n` distinct calc tasks of `split` ("train" | "heldout"), fully determined by (split, n, seed, hard).
+    `hard`: the train split's hard mix (see the module docstring)."""
     rng = split_rng(NAME, split, seed)
     spec = SPLIT_SPECS[split]
+    if hard:
+        check_hard(NAME, split)
+        spec = replace(spec, op_weights=HARD_OP_WEIGHTS)
 
     def one() -> dict:
         while True:

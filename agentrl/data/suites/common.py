@@ -20,6 +20,12 @@ def check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; choose one of {list(SPLITS)}")
 
 
+def check_hard(suite: str, split: str) -> None:
+    """The hard mix re-weights the *train* split (for RL); the held-out split has one fixed distribution."""
+    if split != "train":
+        raise ValueError(f"{suite}: hard=True is a mix of the train split; got split {split!r}")
+
+
 def split_rng(suite: str, split: str, seed: int) -> random.Random:
     check_split(split)
     return random.Random(f"agentrl/{suite}/{split}/{seed}")

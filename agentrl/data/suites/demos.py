@@ -3,7 +3,11 @@
 A transcript is system + user (the task's prompt), then per tool call an assistant message with `tool_calls`
 and a `tool` message with the tool's real output, then a final assistant message with the answer:
 
-- calc:   calculator(expression) once; answer `<answer>{the tool's result}</answer>`.
+- calc:   calculator(" " + expression) once; answer `<answer>{the tool's result}</answer>`. The leading space
+          makes every operand follow the token it follows in the question (numbers tokenize as " ", digits), so
+          the first operand is copied like the others; written right after the JSON quote, its first digit had
+          nothing in the question to match, and the tiny model often never learned it (measured, greedy on 50 train
+          tasks after 600 SFT steps on the same 8,000 demos: first operand wrong in 45 without the space, 0 with).
 - lookup: lookup(entity) once per hop, the second hop on the value the first response showed; answer
           `<answer>{value}</answer>`.
 - code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python
@@ -70,7 +74,7 @@ def _as_number(text: str) -> Decimal | None:
 
 
 async def solve_calc(task: dict, tools) -> list[dict]:
-    expression = task["extra"]["expression"]
+    expression = " " + task["extra"]["expression"]  # see the module docstring
     truth = Decimal(task["reward"]["ground_truth"])
     async with tools.episode_session(task["tools_kwargs"]) as session:
         output = await _call(tools, "calculator", {"expression": expression}, session, task)

@@ -17,7 +17,9 @@ budget learning that the two spell the same name.
 Splits differ in distribution, not only seed:
 - names: a whole name belongs to exactly one split (`common.name_in_split`), so held-out questions are about
   entities never seen in training, built from the same syllables (familiar tokens, unseen combinations);
-- hops: train is 70% one-hop / 30% two-hop, held-out 30% / 70%.
+- hops: train is 70% one-hop / 30% two-hop, held-out 30% / 70%. The train split's *hard mix* (`hard=True`, what
+  the quickstart gives GRPO) has the held-out hop mix over train names: two-hop questions are where RL has most
+  to fix (which relation of the first response to follow).
 Each split has its own KB file; tasks point to it through tools_kwargs {"lookup": {"kb_path": ...}}.
 """
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agentrl.data.suites.common import name_in_split, split_rng, task_row, unique_rows
+from agentrl.data.suites.common import check_hard, name_in_split, split_rng, task_row, unique_rows
 
 NAME = "lookup"
 TOOLS = ["lookup"]
@@ -51,6 +53,7 @@ QUESTIONS: list[tuple[str, tuple[str, ...], str]] = [
 ]
 
 TWO_HOP_SHARE = {"train": 0.3, "heldout": 0.7}
+HARD_TWO_HOP_SHARE = 0.7  # the train split's hard mix
 
 
 @dataclass
@@ -110,8 +113,13 @@ def make_kb(split: str, n: int, seed: int = 0) -> KnowledgeBase:
     return KnowledgeBase(facts=facts, kinds={"person": people, "company": companies, "city": cities})
 
 
-def make_tasks(split: str, n: int, seed: int = 0, *, kb_path: str) -> tuple[list[dict], KnowledgeBase]:
-    """`n` distinct lookup tasks of `split` and their KB; the tasks point to `kb_path` (write the KB there)."""
+def make_tasks(split: str, n: int, seed: int = 0, *, kb_path: str,
+               hard: bool = False) -> tuple[list[dict], KnowledgeBase]:
+    """`n` distinct lookup tasks of `split` and their KB; the tasks point to `kb_path` (write the KB there).
+    `hard`: the train split's hard mix (see the module docstring)."""
+    if hard:
+        check_hard(NAME, split)
+    two_hop_share = HARD_TWO_HOP_SHARE if hard else TWO_HOP_SHARE[split]
     kb = make_kb(split, n, seed)
     rng = split_rng(NAME, split, seed)
     one_hop = [q for q in QUESTIONS if len(q[1]) == 1]
@@ -119,7 +127,7 @@ def make_tasks(split: str, n: int, seed: int = 0, *, kb_path: str) -> tuple[list
 
     def one() -> dict:
         while True:
-            kind, relations, template = rng.choice(two_hop if rng.random() < TWO_HOP_SHARE[split] else one_hop)
+            kind, relations, template = rng.choice(two_hop if rng.random() < two_hop_share else one_hop)
             entity = rng.choice(kb.kinds[kind])
             chain = kb.follow(entity, relations)
             if chain[-1] != entity:  # "Who manages the company X works for?" where X is that manager: too easy

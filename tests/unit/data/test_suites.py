@@ -183,6 +183,7 @@ def test_calc_and_lookup_demos_reach_the_truth_through_the_real_tools(tmp_path, 
             fn = call["tool_calls"][0]["function"]
             if fn["name"] == "calculator":
                 assert result["content"] == calculator(**fn["arguments"])
+                assert fn["arguments"]["expression"] == " " + task["extra"]["expression"]
             else:
                 assert result["content"] == format_facts(fn["arguments"]["entity"], kb[fn["arguments"]["entity"]])
         assert [s["function"]["name"] for s in row["tools"]] == task["tools"]
@@ -240,3 +241,32 @@ def test_a_demo_that_disagrees_with_the_ground_truth_is_refused():
     task["reward"]["ground_truth"] = str(int(task["reward"]["ground_truth"]) + 1)
     with pytest.raises(DemoError, match="calculator"):
         asyncio.run(make_demos([task]))
+
+
+def test_hard_mix_keeps_train_numbers_and_names_with_more_two_step_problems(tmp_path):
+    """The RL mix of the train split: more two-operation / two-hop problems, nothing of the held-out split."""
+    calc_plain, calc_hard = _tasks("calc", "train"), make_suite("calc", "train", 200, 0, hard=True)[0]
+    assert max(x for t in calc_hard for x in t["extra"]["operands"]) < 10_000
+    share = [sum(t["extra"]["num_ops"] == 2 for t in rows) / len(rows) for rows in (calc_plain, calc_hard)]
+    assert share[0] < 0.5 < 0.6 < share[1]
+    assert not {t["task_id"] for t in calc_hard} & {t["task_id"] for t in _tasks("calc", "heldout")}
+
+    kb = tmp_path / "hard.kb.jsonl"
+    lookup_hard, kb_rows = make_suite("lookup", "train", 200, 0, kb_path=kb, hard=True)
+    heldout_names = {r["entity"] for r in make_suite("lookup", "heldout", 200, 0, kb_path=tmp_path / "h.kb")[1]}
+    assert not {r["entity"] for r in kb_rows} & heldout_names
+    assert sum(len(t["extra"]["relations"]) == 2 for t in lookup_hard) / len(lookup_hard) > 0.55
+    assert {t["data_source"] for t in calc_hard + lookup_hard} == {"calc/train", "lookup/train"}
+
+
+@pytest.mark.parametrize("suite,split", [("calc", "heldout"), ("lookup", "heldout"), ("code", "train")])
+def test_hard_mix_exists_only_for_the_calc_and_lookup_train_splits(suite, split, tmp_path):
+    with pytest.raises(ValueError, match="hard"):
+        make_suite(suite, split, 5, 0, kb_path=tmp_path / "kb.jsonl", hard=True)
+
+
+def test_cli_make_hard(tmp_path, capsys):
+    out = tmp_path / "calc-rl.jsonl"
+    assert main(["data", "make", "calc", "--split", "train", "--hard", "--n", "30", str(out)]) == 0
+    assert "wrote 30 calc/train (hard mix) tasks" in capsys.readouterr().out
+    assert len(_rows(out)) == 30
