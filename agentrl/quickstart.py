@@ -272,6 +272,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_main)
 
 
+OWN_OPTIONS = {"run_dir": "--run-dir DIR", "tools_port": "--tools-port PORT", "sandbox_port": "--sandbox-port PORT",
+               "with_sandbox": "--no-sandbox"}
+
+
 def _setting_value(key: str, raw: str, field):
     """`--set key=raw` as the setting's type: YAML reads `2e-4` as a string (YAML 1.1 floats need a dot), so
     numbers are converted by the declared type; a value that does not convert names the key and the type."""
@@ -298,6 +302,8 @@ def _main(args: argparse.Namespace) -> int:
 
             close = difflib.get_close_matches(key, list(fields), n=1)
             raise SystemExit(f"quickstart --set: unknown setting {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+        if key in OWN_OPTIONS:
+            raise SystemExit(f"quickstart --set: {key} has its own option; use {OWN_OPTIONS[key]}")
         values[key] = _setting_value(key, raw, fields[key])
     s = QuickstartSettings(run_dir=args.run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
