@@ -58,10 +58,16 @@ def _operands(task: dict) -> list[int]:
     return [int(x) for x in re.findall(r"\d+", _user(task))]
 
 
-def test_calc_heldout_has_larger_numbers_and_longer_chains():
+def test_calc_heldout_has_larger_numbers_longer_chains_and_other_people():
     train, heldout = _tasks("calc", "train"), _tasks("calc", "heldout")
-    assert all(x < 10**4 for t in train for x in _operands(t)), "train operands have at most 4 digits"
-    assert all(max(_operands(t)) >= 10**4 for t in heldout), "every held-out problem has a 5+ digit operand"
+    assert all(x < 10**5 for t in train + heldout for x in _operands(t)), "both splits stay within 5 digits"
+    assert all(max(_operands(t)) >= 10**4 for t in heldout), "every held-out problem has a 5-digit operand"
+    assert sum(max(_operands(t)) >= 10**4 for t in train) < 0.6 * len(train)
+
+    def people(tasks):
+        return {_user(t).split()[0] for t in tasks}
+
+    assert not people(train) & people(heldout) and len(people(heldout)) >= 3
     assert max(t["extra"]["num_ops"] for t in train) == 2
     assert max(t["extra"]["num_ops"] for t in heldout) == 3
 
@@ -246,7 +252,7 @@ def test_a_demo_that_disagrees_with_the_ground_truth_is_refused():
 def test_hard_mix_keeps_train_numbers_and_names_with_more_two_step_problems(tmp_path):
     """The RL mix of the train split: more two-operation / two-hop problems, nothing of the held-out split."""
     calc_plain, calc_hard = _tasks("calc", "train"), make_suite("calc", "train", 200, 0, hard=True)[0]
-    assert max(x for t in calc_hard for x in t["extra"]["operands"]) < 10_000
+    assert max(x for t in calc_hard for x in t["extra"]["operands"]) < 100_000
     share = [sum(t["extra"]["num_ops"] == 2 for t in rows) / len(rows) for rows in (calc_plain, calc_hard)]
     assert share[0] < 0.5 < 0.6 < share[1]
     assert not {t["task_id"] for t in calc_hard} & {t["task_id"] for t in _tasks("calc", "heldout")}
