@@ -16,7 +16,7 @@ Splits differ in distribution, not only seed:
 so no held-out problem can occur in training (other names), held-out numbers are larger on average and its
 three-operation chains are never seen in training. Held-out numbers stay within the trained digit lengths on
 purpose: a model of a million parameters does not extrapolate copying to longer numbers than it was trained on
-(measured: trained on 2-4 digits, it cut 5-6 digit operands to their first 4 digits in 48 of 200 held-out
+(measured: trained on 2-4 digits, it cut 5-6 digit operands to their first 4 digits in 50 of 200 held-out
 problems even after GRPO).The train split's *hard mix*
 (`hard=True`, what the quickstart gives GRPO) keeps the train numbers but asks for two operations 70% of the
 time: the skill RL most improves (carry every operand over, in order) needs multi-step problems to practise on. Every result is a non-negative

@@ -3,7 +3,7 @@
 A transcript is system + user (the task's prompt), then per tool call an assistant message with `tool_calls`
 and a `tool` message with the tool's real output, then a final assistant message with the answer:
 
-- calc:   calculator(" " + expression) once; answer `<answer>{the tool's result}</answer>`. The leading space
+- calc:   calculator(" " + expression) once; answer `<answer>{the result's value}</answer>`. The leading space
           makes every operand follow the token it follows in the question (numbers tokenize as " ", digits), so
           the first operand is copied like the others; written right after the JSON quote, its first digit had
           nothing in the question to match, and the tiny model often never learned it (measured, greedy on 50 train
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from agentrl.data.suites import SUITE_TOOLS, check_suite, default_kb_path, write_suite
 from agentrl.data.suites.common import write_jsonl
+from agentrl.tools.builtin.calculator import result_value
 from agentrl.types import Task
 
 PYTHON_RUN_TIMEOUT_S = 10.0
@@ -78,12 +79,16 @@ async def solve_calc(task: dict, tools) -> list[dict]:
     truth = Decimal(task["reward"]["ground_truth"])
     async with tools.episode_session(task["tools_kwargs"]) as session:
         output = await _call(tools, "calculator", {"expression": expression}, session, task)
-    value = _as_number(output)
+    try:
+        text = result_value(output)
+    except (ValueError, KeyError, TypeError):
+        text = ""
+    value = _as_number(text)
     if value is None or value != truth:
         raise DemoError(f"task {task['task_id']}: calculator({expression!r}) returned {output!r}, expected "
                         f"{truth} (the suite's ground truth)")
     return [*task["prompt"], _call_message("calculator", {"expression": expression}),
-            _tool_message("calculator", output), _answer_message(f"<answer>{output.strip()}</answer>")]
+            _tool_message("calculator", output), _answer_message(f"<answer>{text}</answer>")]
 
 
 async def solve_lookup(task: dict, tools) -> list[dict]:

@@ -34,7 +34,7 @@ async def test_mcp_round_trip_next_to_builtin_tools(mcp_url):
 
         assert (await reg.call("add", {"a": 2, "b": 40})).content == "42"
         assert (await reg.call("shout", {"text": "hi", "times": 2})).content == "HI HI"
-        assert (await reg.call("calculator", {"expression": "6*7"})).content == "42"
+        assert (await reg.call("calculator", {"expression": "6*7"})).content == '{"value": "42"}'
 
         bad = await reg.call("add", {"a": "two", "b": 1})
         assert bad.error_kind == "bad_arguments" and "'a'" in bad.content

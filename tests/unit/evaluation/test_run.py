@@ -16,6 +16,7 @@ from agentrl.evaluation.plots import pass_at_k_curve, plot_pass_at_k
 from agentrl.evaluation.run import (EVAL_JSON, EVAL_MD, compare_markdown, default_ks, evaluate, load_eval,
                                     resolve_temperature, suite_tasks)
 from agentrl.inference.base import EngineError
+from agentrl.tools.builtin.calculator import result_value
 from agentrl.types import Episode, Generation, SamplingParams
 
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
@@ -60,7 +61,7 @@ class SolverEngine:
             code = f"def {task.reward['entry_point']}(xs):\n    return -1" if wrong else task.extra["solution"]
             reply = f"```python\n{code}\n```"
         else:
-            answer = str(task.reward["ground_truth"]) if tool == "lookup" else responses[-1].strip()
+            answer = str(task.reward["ground_truth"]) if tool == "lookup" else result_value(responses[-1])
             reply = f"<answer>{'wrong ' + answer + '1' if wrong else answer}</answer>"
         ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.end_of_turn_id]
         return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")

@@ -18,7 +18,7 @@ from agentrl.tools.builtin.lookup import KnowledgeBase, lookup, lookup_session
     ("12345678901234567890 * 10", "123456789012345678900"), ("3 × 4 ÷ 2", "6"),
 ])
 def test_calculator_arithmetic(expression, expected):
-    assert calculator(expression) == expected
+    assert calculator(expression) == json.dumps({"value": expected})  # exact decimal text in JSON
 
 
 @pytest.mark.parametrize("expression, message", [
