@@ -17,10 +17,14 @@ so no held-out problem can occur in training (other names), held-out numbers are
 three-operation chains are never seen in training. Held-out numbers stay within the trained digit lengths on
 purpose: a model of a million parameters does not extrapolate copying to longer numbers than it was trained on
 (measured: trained on 2-4 digits, it cut 5-6 digit operands to their first 4 digits in 50 of 200 held-out
-problems even after GRPO).The train split's *hard mix*
-(`hard=True`, what the quickstart gives GRPO) keeps the train numbers but asks for two operations 70% of the
-time: the skill RL most improves (carry every operand over, in order) needs multi-step problems to practise on. Every result is a non-negative
-integer (division only when exact), and the ground truth is computed on Python ints, not by evaluating text.
+problems even after GRPO).
+
+The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) draws from the same split with
+70% two-operation problems over the upper part of the train range (3-5 digit operands, train people): RL
+practises carrying every operand of a longer problem over, in order, which is what held-out problems ask most. Measured from one SFT model (GRPO 60 steps,
+200 held-out tasks per suite): 70% two-operation over 2-5 digits, held-out calc 37.5% -> 42.5% (37.0% with 4
+optimizer steps per step); 70% two-operation over 3-5 digits, 37.5% -> 49.0%.
+
 The reward is `numeric` with tolerance 0 (exact): the numeric reward's default 1e-6 is also a *relative*
 tolerance, which would accept an 11-digit answer with its last four digits wrong.
 """
@@ -58,7 +62,8 @@ SPLIT_SPECS = {
 }
 
 
-HARD_OP_WEIGHTS = (0.3, 0.7)  # the train split's hard mix: same numbers, more two-operation problems
+HARD_OP_WEIGHTS = (0.3, 0.7)  # the train split's hard mix: more two-operation problems ...
+HARD_MIN_DIGITS = 3  # ... over the upper part of the train range (3-5 digits)
 
 
 @dataclass
@@ -116,7 +121,7 @@ def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list
     people = [p for p in PEOPLE if name_in_split(p, split)]
     if hard:
         check_hard(NAME, split)
-        spec = replace(spec, op_weights=HARD_OP_WEIGHTS)
+        spec = replace(spec, op_weights=HARD_OP_WEIGHTS, min_digits=HARD_MIN_DIGITS)
 
     def one() -> dict:
         while True:
