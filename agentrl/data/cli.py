@@ -25,7 +25,8 @@ def _make(args: argparse.Namespace) -> int:
     from agentrl.data.suites import write_suite
 
     paths = write_suite(args.suite, args.split, args.n, args.out, seed=args.seed, kb_path=args.kb, hard=args.hard)
-    print(f"wrote {args.n} {args.suite}/{args.split}{' (hard mix)' if args.hard else ''} tasks: " + ", ".join(str(p) for p in paths))
+    mix = " (hard mix)" if args.hard else ""
+    print(f"wrote {args.n} {args.suite}/{args.split}{mix} tasks: " + ", ".join(str(p) for p in paths))
     return 0
 
 
@@ -52,8 +53,8 @@ def add_commands(subparsers) -> None:
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--kb", default=None, help="lookup only: where to write the KB (default OUT.kb.jsonl)")
     make.add_argument("--hard", action="store_true",
-                      help="calc/lookup train split only: the hard mix for RL (more two-operation / two-hop "
-                           "problems, same numbers and names)")
+                      help="calc/lookup train split only: the hard mix for RL (70%% two-operation / two-hop "
+                           "problems; train names and number ranges)")
     make.set_defaults(func=_make)
 
     demos = sub.add_parser("demos", help="write N scripted, verified solution transcripts (SFT rows)")

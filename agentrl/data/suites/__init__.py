@@ -36,7 +36,7 @@ def default_kb_path(out: str | Path) -> Path:
 def make_suite(suite: str, split: str, n: int, seed: int = 0, *, kb_path: str | Path | None = None,
                hard: bool = False) -> tuple[list[dict], list[dict] | None]:
     """(task rows, KB rows or None). `kb_path` is required for "lookup": the tasks point their tool at it.
-    `hard`: the train split's hard mix (more multi-step problems, same numbers and names; calc and lookup)."""
+    `hard`: the train split's hard mix (more two-step problems, train names and number ranges; calc and lookup)."""
     check_suite(suite)
     check_split(split)
     if suite == "calc":
