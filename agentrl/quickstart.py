@@ -35,7 +35,7 @@ class QuickstartSettings:
     grpo_lr: float = 1e-4
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 1000
-    grpo_hard_tasks: bool = True  # GRPO on the train split's hard mix (more two-step problems; same numbers, names)
+    grpo_hard_tasks: bool = True  # GRPO prompts from the train split's hard mix (`agentrl data make --hard`)
     max_response_tokens: int = 256
     max_assistant_turns: int = 4
     seed: int = 0
@@ -78,7 +78,7 @@ class Phases:
 
 def make_data(s: QuickstartSettings, data_dir: Path) -> dict:
     """SFT demos, RL training tasks (other seeds than the demos) and the held-out split, per suite."""
-    from agentrl.data.suites import make_suite, write_suite
+    from agentrl.data.suites import HARD_MIX_SUITES, make_suite, write_suite
     from agentrl.data.suites.common import write_jsonl
     from agentrl.data.suites.demos import make_demos
     from agentrl.evaluation.run import suite_tasks
@@ -93,7 +93,7 @@ def make_data(s: QuickstartSettings, data_dir: Path) -> dict:
         demo_rows += asyncio.run(make_demos(tasks))
         rl = data_dir / f"{suite}-rl.jsonl"
         write_suite(suite, "train", s.grpo_tasks_per_suite, rl, seed=s.seed + 1,
-                    hard=s.grpo_hard_tasks and suite in ("calc", "lookup"))
+                    hard=s.grpo_hard_tasks and suite in HARD_MIX_SUITES)
         rl_files.append(str(rl))
     write_jsonl(data_dir / "sft.jsonl", demo_rows)
     heldout = suite_tasks(",".join(s.suites), split="heldout", num_tasks=s.heldout_per_suite, seed=s.seed,
@@ -129,7 +129,8 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64),
-        actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0, ppo_mini_batch_size=max(1, s.grpo_prompts_per_step // s.grpo_mini_batches),
+        actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0,
+                          ppo_mini_batch_size=max(1, s.grpo_prompts_per_step // s.grpo_mini_batches),
                           max_tokens_per_micro_batch=16384, use_kl_loss=False, entropy_coeff=0.0,
                           clip_ratio_high=0.28),
         trainer=TrainerConfig(total_steps=s.grpo_steps, run_dir=str(run_dir), resume="never", seed=s.seed,

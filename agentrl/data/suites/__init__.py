@@ -19,6 +19,7 @@ from agentrl.data.suites.common import SPLITS, check_split, write_jsonl
 
 SUITES = ("calc", "lookup", "code")
 SUITE_TOOLS = {"calc": calc.TOOLS, "lookup": lookup.TOOLS, "code": code.TOOLS}
+HARD_MIX_SUITES = ("calc", "lookup")  # suites whose train split has a hard mix (make_suite(..., hard=True))
 
 
 def check_suite(suite: str) -> None:
@@ -43,7 +44,7 @@ def make_suite(suite: str, split: str, n: int, seed: int = 0, *, kb_path: str | 
         return calc.make_tasks(split, n, seed, hard=hard), None
     if suite == "code":
         if hard:
-            raise ValueError("code: there is no hard mix; use hard=False (--hard) for the code suite")
+            raise ValueError(f"code: there is no hard mix (only {', '.join(HARD_MIX_SUITES)}); drop hard / --hard")
         return code.make_tasks(split, n, seed), None
     if kb_path is None:
         raise ValueError("the lookup suite needs kb_path: the file its tasks' lookup tool will read")
@@ -67,4 +68,4 @@ def write_suite(suite: str, split: str, n: int, out: str | Path, *, seed: int = 
     return [out, kb_file]
 
 
-__all__ = ["SPLITS", "SUITES", "SUITE_TOOLS", "default_kb_path", "make_suite", "write_suite"]
+__all__ = ["HARD_MIX_SUITES", "SPLITS", "SUITES", "SUITE_TOOLS", "default_kb_path", "make_suite", "write_suite"]
