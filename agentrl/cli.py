@@ -60,11 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from agentrl.errors import UserError, debug_enabled, one_line
+
     try:
         code = args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except UserError as e:
+        if debug_enabled():
+            raise
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

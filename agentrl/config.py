@@ -19,10 +19,12 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from agentrl.errors import UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem the user can fix; the message names the key, the source and the fix."""
 
 

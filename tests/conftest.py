@@ -12,9 +12,9 @@ from helpers import QWEN2_TOKENIZER_DIR  # noqa: E402
 
 @pytest.fixture(scope="session")
 def qwen2_tokenizer_dir() -> Path:
-    """The real Qwen2 tokenizer with the Qwen2.5 tool-calling template (../shared/data/qwen2-tokenizer)."""
+    """The real Qwen2 tokenizer with the Qwen2.5 tool-calling template (tests/data/qwen2-tokenizer, kept in the repository)."""
     if not (QWEN2_TOKENIZER_DIR / "tokenizer_config.json").is_file():
-        pytest.fail(f"{QWEN2_TOKENIZER_DIR} is missing: the shared/ folder must sit beside the repository")
+        pytest.fail(f"{QWEN2_TOKENIZER_DIR} is missing from the checkout")
     return QWEN2_TOKENIZER_DIR
 
 

@@ -14,8 +14,7 @@ import httpx
 from agentrl.services import free_port, run_service  # noqa: F401  (re-exported for tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DIR = REPO_ROOT.parent / "shared"
-QWEN2_TOKENIZER_DIR = SHARED_DIR / "data" / "qwen2-tokenizer"
+QWEN2_TOKENIZER_DIR = REPO_ROOT / "tests" / "data" / "qwen2-tokenizer"
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:

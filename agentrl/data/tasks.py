@@ -19,13 +19,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import UserError
 from agentrl.types import Task
 
 _ROLES = ("system", "user", "assistant", "tool")
 _PROJECT_FIELDS = {"prompt", "tools", "reward", "data_source", "tools_kwargs", "task_id", "extra"}
 
 
-class TaskFormatError(ValueError):
+class TaskFormatError(UserError, ValueError):
     """A task row is malformed; the message names the file, the row and the field."""
 
 

@@ -1,0 +1,30 @@
+"""Errors a user can cause and fix, shown as one line by the `agentrl` command.
+
+A `UserError` says what was wrong, where (file, row, key, tool, URL, port) and what to do, in one line. The
+command prints `error: <message>` on stderr and exits with code 2, without a traceback; `AGENTRL_DEBUG=1` shows the
+traceback too. Anything else that escapes a command is a bug and keeps its traceback.
+
+Modules raise the most specific subclass they own (e.g. `TaskFormatError`, `ConfigError`) and subclass
+`UserError` so the command line can tell a user's mistake from a fault of agentrl itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class UserError(Exception):
+    """A mistake in the user's input (config, data, paths, arguments, services); the message is one line."""
+
+
+def debug_enabled() -> bool:
+    """`AGENTRL_DEBUG=1` (or any non-empty value but 0) shows tracebacks for user errors too."""
+    return os.environ.get("AGENTRL_DEBUG", "") not in ("", "0")
+
+
+def one_line(message: str) -> str:
+    """Fold a message onto one line (a user error is a line on stderr, never a paragraph)."""
+    return " ".join(str(message).split())
+
+
+__all__ = ["UserError", "debug_enabled", "one_line"]
