@@ -18,10 +18,11 @@ normal return value, because it is the model's doing and must reach the model as
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Any
 
 import httpx
+
+from agentrl.retry import backoff_delay, parse_retry_after
 
 # Values of SandboxInfraError.kind; equal to the infra kinds of agentrl.tools.base.INFRA_ERROR_KINDS.
 UNREACHABLE = "unreachable"
@@ -57,11 +58,13 @@ class SandboxClient:
 
     `timeout` is the HTTP timeout added on top of the code's own time limit; `retries` is how many extra
     attempts a stateless call (`run_code`, session creation) gets on an infrastructure fault, with jittered
-    exponential backoff starting at `backoff_s` (a 503's Retry-After is honoured when shorter than 10 s).
+    exponential backoff from `backoff_s` up to `max_backoff_s` (`agentrl.retry`; a 503's Retry-After is
+    honoured up to `max_backoff_s`).
     """
 
     def __init__(self, base_url: str | list[str], *, timeout: float = 30.0, retries: int = 2,
-                 backoff_s: float = 0.25, transport: httpx.AsyncBaseTransport | None = None):
+                 backoff_s: float = 0.25, max_backoff_s: float = 10.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
             raise ValueError("SandboxClient needs at least one base_url, e.g. 'http://127.0.0.1:8080'")
@@ -71,6 +74,7 @@ class SandboxClient:
         self.timeout = timeout
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
         self._next = 0
         self._session_url: dict[str, str] = {}
         self._http = httpx.AsyncClient(timeout=timeout, transport=transport)
@@ -86,7 +90,7 @@ class SandboxClient:
         attempts = self.retries + 1 if retry else 1
         last: SandboxInfraError | None = None
         for attempt in range(attempts):
-            delay = self.backoff_s * (2 ** attempt) * (0.5 + random.random())
+            retry_after = None
             try:
                 resp = await self._http.request(method, base + path, json=json, timeout=timeout)
             except httpx.TimeoutException as e:
@@ -101,9 +105,7 @@ class SandboxClient:
             else:
                 if resp.status_code == 503:
                     last = SandboxInfraError(f"sandbox {base} overloaded (503): {resp.text[:300]}", OVERLOADED)
-                    retry_after = resp.headers.get("retry-after", "")
-                    if retry_after.isdigit():
-                        delay = min(float(retry_after), 10.0) * (0.5 + random.random())
+                    retry_after = parse_retry_after(resp.headers.get("retry-after"))
                 elif resp.status_code >= 500:
                     last = SandboxInfraError(f"sandbox {base}{path} answered HTTP {resp.status_code}: "
                                              f"{resp.text[:500]}", SERVER_ERROR)
@@ -112,9 +114,12 @@ class SandboxClient:
                 else:
                     return resp
             if attempt + 1 < attempts:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self._backoff(attempt, retry_after))
         assert last is not None
         raise last
+
+    def _backoff(self, attempt: int, retry_after: float | None = None) -> float:
+        return backoff_delay(attempt, self.backoff_s, self.max_backoff_s, retry_after_s=retry_after)
 
     @staticmethod
     def _check_4xx(resp: httpx.Response, what: str) -> None:
@@ -144,7 +149,7 @@ class SandboxClient:
                 return result
             last_message = str(result.get("message", ""))
             if attempt < self.retries:
-                await asyncio.sleep(self.backoff_s * (2 ** attempt) * (0.5 + random.random()))
+                await asyncio.sleep(self._backoff(attempt))
         raise SandboxInfraError(f"sandbox reported SandboxError {self.retries + 1} times: {last_message}",
                                 SANDBOX_ERROR)
 

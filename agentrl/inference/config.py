@@ -34,7 +34,7 @@ class EngineConfig:
     urls: list[str] = field(default_factory=list)  # e.g. ["http://127.0.0.1:30000"]
     request_timeout_s: float = 600.0  # one /generate call
     connect_retries: int = 3  # retries on connection errors / 5xx before raising EngineError
-    retry_backoff_s: float = 0.5
+    retry_backoff_s: float = 0.5  # first wait before a retry; doubles per retry, jittered (agentrl.retry), <= 30 s
     health_timeout_s: float = 600.0  # wait for every server's /health at start
     max_connections: int = 1024  # httpx connection pool size per server
 
@@ -53,6 +53,8 @@ class EngineConfig:
             raise ValueError(f"engine.num_threads must be >= 1 or null, got {self.num_threads}")
         if self.request_timeout_s <= 0 or self.health_timeout_s <= 0:
             raise ValueError("engine.request_timeout_s and engine.health_timeout_s must be > 0")
+        if self.retry_backoff_s < 0:
+            raise ValueError(f"engine.retry_backoff_s must be >= 0, got {self.retry_backoff_s}")
         if self.connect_retries < 0:
             raise ValueError(f"engine.connect_retries must be >= 0, got {self.connect_retries}")
         if self.max_connections < 1:

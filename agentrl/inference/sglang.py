@@ -20,12 +20,14 @@ from typing import Any
 import httpx
 
 from agentrl.inference.base import EngineError, PromptTooLongError
+from agentrl.retry import backoff_delay
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.wire import generation_from_wire, sampling_params_to_wire
 from agentrl.types import Generation, SamplingParams
 
 _MAX_STICKY_SESSIONS = 100_000
 _RETRYABLE = (httpx.TransportError,)  # connect/read errors, timeouts, protocol errors
+_MAX_BACKOFF_S = 30.0  # cap on one wait between /generate attempts (the base is engine.retry_backoff_s)
 
 
 class SGLangEngine:
@@ -134,7 +136,10 @@ class SGLangEngine:
         body["rid"] = rid
         tried: set[int] = set()
         last_error = ""
-        for attempt in range(self.config.connect_retries + 1):
+        attempts = self.config.connect_retries + 1
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(backoff_delay(attempt - 1, self.config.retry_backoff_s, _MAX_BACKOFF_S))
             idx = self._pick(session_id, tried)
             self.in_flight[idx] += 1
             try:
@@ -160,8 +165,7 @@ class SGLangEngine:
             tried.add(idx)
             if len(tried) >= len(self.urls):
                 tried.clear()
-            await asyncio.sleep(self.config.retry_backoff_s * (2 ** attempt))
-        raise EngineError(f"SGLang generate failed after {self.config.connect_retries + 1} attempts: {last_error}")
+        raise EngineError(f"SGLang generate failed after {attempt + 1} attempt(s): {last_error}")
 
     def _abort_in_background(self, idx: int, rid: str) -> None:
         async def send() -> None:

@@ -23,6 +23,7 @@ import enum
 import functools
 import inspect
 import json
+import os
 import re
 import time
 import traceback
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
+
+from agentrl.tools.errors import ToolDefinitionError
 
 SYNC_TOOL_THREADS = 64  # blocking (sync) tools run on a dedicated pool: asyncio's default has only cpu+4 threads
 _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
@@ -314,25 +317,49 @@ def _parse_docstring(fn: Callable) -> tuple[str, dict[str, str]]:
     return parse_google_docstring(doc) if doc else ("", {})
 
 
+def _defined_at(fn: Callable) -> str:
+    """Where a function is defined, for errors: "my_tools.py:12" (or "module.qualname" without a source file)."""
+    try:
+        path, line = inspect.getsourcefile(fn), inspect.getsourcelines(fn)[1]
+        if path is None:
+            raise OSError
+        relative = os.path.relpath(path)
+        return f"{path if relative.startswith('..') else relative}:{line}"
+    except (TypeError, OSError):
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
 def _build_args_model(fn: Callable, name: str, has_session: bool) -> tuple[type[pydantic.BaseModel], dict]:
     sig = inspect.signature(fn)
+    where = f"tool {name!r} ({_defined_at(fn)})"
     try:
         hints = inspect.get_annotations(fn, eval_str=True)
     except NameError as e:
-        raise TypeError(f"tool {name!r}: cannot resolve a type hint ({e}); import the type at module level") from None
+        raise ToolDefinitionError(f"{where}: cannot resolve a type hint ({e}): import the type at module level"
+                                  ) from None
     fields: dict[str, Any] = {}
     for pname, param in sig.parameters.items():
         if pname == "session" and has_session:
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"tool {name!r}: *args/**kwargs cannot be described to a model; name every parameter")
+            raise ToolDefinitionError(f"{where}: *{'*' if param.kind is param.VAR_KEYWORD else ''}{pname} cannot "
+                                      f"be described to a model (*args/**kwargs): name every parameter")
         if pname not in hints:
-            raise TypeError(f"tool {name!r}: parameter {pname!r} needs a type hint (it becomes the JSON schema)")
+            default = param.default
+            example = ("str" if default is inspect.Parameter.empty else "str | None" if default is None
+                       else type(default).__name__)
+            raise ToolDefinitionError(f"{where}: parameter {pname!r} needs a type hint, e.g. `{pname}: {example}`"
+                                      f" (the hints become the JSON schema the model sees)")
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (hints[pname], default)
-    model = pydantic.create_model(f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields)
-    schema = model.model_json_schema()
-    schema = _strip_titles(_inline_refs(schema, schema.get("$defs", {})))
+    try:
+        model = pydantic.create_model(f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields)
+        schema = model.model_json_schema()
+        schema = _strip_titles(_inline_refs(schema, schema.get("$defs", {})))
+    except (TypeError, pydantic.PydanticUserError) as e:  # a type pydantic cannot describe, a recursive type
+        raise ToolDefinitionError(f"{where}: its parameter types cannot become a JSON schema "
+                                  f"({str(e).splitlines()[0]}): use str, int, float, bool, lists, dicts, "
+                                  f"Literal, dataclasses or pydantic models") from None
     schema.pop("additionalProperties", None)
     schema.setdefault("properties", {})
     schema.setdefault("required", [])
@@ -358,12 +385,14 @@ def tool(fn: Callable | None = None, *, name: str | None = None, description: st
         params = inspect.signature(f).parameters
         has_session = "session" in params
         if has_session and session_factory is None:
-            raise TypeError(f"tool {tool_name!r} takes a `session` parameter but has no session_factory; pass "
-                            f"@tool(session_factory=...) or rename the parameter")
+            raise ToolDefinitionError(f"tool {tool_name!r} ({_defined_at(f)}) takes a `session` parameter but has "
+                                      f"no session_factory: pass @tool(session_factory=...) or rename the parameter")
         if session_factory is not None and not has_session:
-            raise TypeError(f"tool {tool_name!r} has a session_factory but no keyword-only `session` parameter")
+            raise ToolDefinitionError(f"tool {tool_name!r} ({_defined_at(f)}) has a session_factory but no "
+                                      f"keyword-only `session` parameter: add `*, session` to its signature")
         if has_session and params["session"].kind is not inspect.Parameter.KEYWORD_ONLY:
-            raise TypeError(f"tool {tool_name!r}: `session` must be keyword-only (def {f.__name__}(..., *, session))")
+            raise ToolDefinitionError(f"tool {tool_name!r} ({_defined_at(f)}): `session` must be keyword-only "
+                                      f"(def {f.__name__}(..., *, session))")
         doc_description, arg_docs = _parse_docstring(f)
         model, parameters = _build_args_model(f, tool_name, has_session)
         for pname, text in arg_docs.items():
@@ -381,7 +410,7 @@ def as_tool(obj: Any) -> Tool:
         return obj
     if callable(obj):
         return tool(obj)
-    raise TypeError(f"expected a function or a @tool, got {type(obj).__name__}: {obj!r}")
+    raise ToolDefinitionError(f"expected a function or a @tool, got {type(obj).__name__}: {str(obj)[:80]!r}")
 
 
 __all__ = [

@@ -14,16 +14,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agentrl.tools.errors import ToolSpecError
+
 
 def load_tool_spec(spec: str) -> list[Any]:
     """The functions named by `module:fn1,fn2` or `file.py:fn1,fn2`; errors name the missing piece."""
     if ":" not in spec:
-        raise SystemExit(f"tool spec {spec!r} must look like package.module:fn1,fn2 or path/to/file.py:fn1")
+        raise ToolSpecError(f"tool spec {spec!r} must look like package.module:fn1,fn2 or path/to/file.py:fn1")
     where, names = spec.rsplit(":", 1)
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
-            raise SystemExit(f"tool spec {spec!r}: file {path} does not exist")
+            raise ToolSpecError(f"tool spec {spec!r}: file {path} does not exist")
         module_name = f"_agentrl_tools_{path.stem}"
         loader = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader)
@@ -33,15 +35,15 @@ def load_tool_spec(spec: str) -> list[Any]:
         try:
             module = importlib.import_module(where)
         except ImportError as e:
-            raise SystemExit(f"tool spec {spec!r}: cannot import {where!r} ({e})") from None
+            raise ToolSpecError(f"tool spec {spec!r}: cannot import {where!r} ({e})") from None
     out = []
     for name in filter(None, (n.strip() for n in names.split(","))):
         if not hasattr(module, name):
             public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-            raise SystemExit(f"tool spec {spec!r}: {where} has no {name!r}; it defines: {', '.join(public)}")
+            raise ToolSpecError(f"tool spec {spec!r}: {where} has no {name!r}; it defines: {', '.join(public)}")
         out.append(getattr(module, name))
     if not out:
-        raise SystemExit(f"tool spec {spec!r} names no function after the ':'")
+        raise ToolSpecError(f"tool spec {spec!r} names no function after the ':'")
     return out
 
 
@@ -52,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         defaults = json.loads(args.tool_kwargs) if args.tool_kwargs else None
     except json.JSONDecodeError as e:
-        raise SystemExit(f"--tool-kwargs is not valid JSON ({e.msg}); e.g. '{{\"lookup\": {{\"kb_path\": "
+        raise ToolSpecError(f"--tool-kwargs is not valid JSON ({e.msg}); e.g. '{{\"lookup\": {{\"kb_path\": "
                          f"\"kb.jsonl\"}}}}'") from None
     print(f"serving {len(tools)} tool(s) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     serve(tools, host=args.host, port=args.port, defaults=defaults, max_concurrency=args.max_concurrency,

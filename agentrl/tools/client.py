@@ -23,28 +23,23 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentrl.tools.base import ToolResult
-from agentrl.tools.config import ToolsConfig, resolve_tools_config
+from agentrl.tools.builtin import builtin_tools
+from agentrl.tools.config import ToolsConfig, field_key, resolve_with_keys
+from agentrl.tools.errors import SessionOpenError, ToolServiceError, UnknownToolError
 from agentrl.tools.limits import Limit
+from agentrl.tools.mcp import MCPToolService
+from agentrl.tools.remote import HTTPToolService
 from agentrl.tools.toolset import ToolSet, UnknownSessionError
+from agentrl.tools.transport import make_client
 from agentrl.tools.truncate import truncate_text
-
-
-class ToolServiceError(RuntimeError):
-    """A tool backend could not be set up (unreachable at start, invalid schemas, name clash)."""
-
-
-class SessionOpenError(Exception):
-    """A backend could not open a session; `result` is the infra ToolResult to hand back for the call."""
-
-    def __init__(self, result: ToolResult):
-        super().__init__(result.content)
-        self.result = result
 
 
 class ToolBackend(Protocol):
     """Where a group of tools runs. `limit` is the registry's global semaphore, set before `discover()`."""
 
     name: str
+    where: str  # e.g. "tool service 'calc' at http://127.0.0.1:8000", for errors
+    key: str | None  # where it is configured, e.g. "tools.services[0]" (None: not from a config)
     call_budget_s: float  # the longest one admitted call may take, retries and backoff included
 
     async def discover(self, limit: Limit) -> list[dict]: ...  # OpenAI schemas; ToolServiceError
@@ -61,6 +56,8 @@ class LocalBackend:
     def __init__(self, toolset: ToolSet, *, name: str = "local", max_concurrency: int = 64, timeout_s: float = 60.0):
         self.toolset = toolset
         self.name = name
+        self.where = "the in-process tools"
+        self.key = None
         self.timeout_s = timeout_s
         self.call_budget_s = timeout_s
         self._own = Limit(max_concurrency)
@@ -110,7 +107,7 @@ class ToolRegistry:
                  http_client: Any = None):
         names = [b.name for b in backends]
         if len(set(names)) != len(names):
-            raise ToolServiceError(f"two tool backends share a name: {names}; give each service a distinct name")
+            raise ToolServiceError(f"two tool services share a name: {names}: give each service a distinct `name:`")
         self.backends = list(backends)
         self.subsets = dict(subsets or {})
         self.max_concurrency = max_concurrency
@@ -145,21 +142,19 @@ class ToolRegistry:
         from agentrl.config import load_config
 
         if isinstance(path_or_dict, ToolsConfig):
-            cfg = path_or_dict
-        elif isinstance(path_or_dict, dict):
-            cfg = load_config(ToolsConfig, data=path_or_dict)
-        else:
-            cfg = load_config(ToolsConfig, path_or_dict)
-        return cls.from_tools_config(cfg)
+            return cls.from_tools_config(path_or_dict, key_prefix="")
+        if isinstance(path_or_dict, dict):
+            return cls.from_tools_config(load_config(ToolsConfig, data=path_or_dict), key_prefix="")
+        return cls.from_tools_config(load_config(ToolsConfig, path_or_dict), key_prefix="", source=str(path_or_dict))
 
     @classmethod
-    def from_tools_config(cls, cfg: ToolsConfig) -> ToolRegistry:
+    def from_tools_config(cls, cfg: ToolsConfig, *, key_prefix: str = "tools.",
+                          source: str | None = None) -> ToolRegistry:
+        """From a `ToolsConfig`. Set-up errors name a service by its key: `key_prefix` is where the config sits
+        ("tools." in a training config: tools.services[0].url), `source` the file it came from."""
         from agentrl.config import import_object
-        from agentrl.tools.builtin import builtin_tools
-        from agentrl.tools.remote import HTTPToolService
-        from agentrl.tools.transport import make_client
 
-        cfg = resolve_tools_config(cfg)
+        cfg, keys = resolve_with_keys(cfg, key_prefix, source)
         backends: list[Any] = []
         local = [*builtin_tools(cfg.builtin),
                  *(import_object(spec, "tools.functions") for spec in cfg.functions)]
@@ -172,13 +167,11 @@ class ToolRegistry:
         client = transport = None
         if any(s.kind == "http" for s in cfg.services):
             client, transport = make_client(cfg.max_concurrency)
-        for service in cfg.services:
+        for service, service_key in zip(cfg.services, keys):
             if service.kind == "http":
-                backends.append(HTTPToolService(service, client, transport))
+                backends.append(HTTPToolService(service, client, transport, key=service_key))
             else:
-                from agentrl.tools.mcp import MCPToolService
-
-                backends.append(MCPToolService(service))
+                backends.append(MCPToolService(service, key=service_key))
         return cls(backends, subsets={s.name: s.tools for s in cfg.services}, max_concurrency=cfg.max_concurrency,
                    max_output_chars=cfg.max_output_chars, discovery_timeout_s=cfg.discovery_timeout_s,
                    http_client=client)
@@ -190,13 +183,15 @@ class ToolRegistry:
         if wanted is not None:
             missing = [n for n in wanted if n not in offered]
             if missing:
-                raise ToolServiceError(f"tool service {backend.name}: tools {missing} listed in the config are not "
-                                       f"served there; it serves: {', '.join(offered) or 'nothing'}")
+                listed = field_key(backend.key, "tools") if backend.key else "its `tools:` list"
+                raise ToolServiceError(f"{backend.where} does not serve {missing} named in {listed}; it serves: "
+                                       f"{', '.join(offered) or 'nothing'}: fix the list or serve those tools there")
             offered = {n: offered[n] for n in wanted}
         for tool_name, schema in offered.items():
             if tool_name in self._routes:
-                raise ToolServiceError(f"tool {tool_name!r} is served by both {self._routes[tool_name].name} and "
-                                       f"{backend.name}; restrict one service with `tools: [...]`")
+                raise ToolServiceError(f"tool {tool_name!r} is served by both {self._routes[tool_name].where} and "
+                                       f"{backend.where}: list the tools to use from one of them in its `tools: "
+                                       f"[...]`")
             self._routes[tool_name] = backend
             self._schemas[tool_name] = schema
 
@@ -215,8 +210,9 @@ class ToolRegistry:
                     async with asyncio.timeout(self.discovery_timeout_s):
                         return await backend.discover(self._limit)
                 except TimeoutError:
-                    raise ToolServiceError(f"tool service {backend.name}: no tool list within "
-                                           f"{self.discovery_timeout_s}s at start; is it running?") from None
+                    raise ToolServiceError(f"{backend.where} did not list its tools within "
+                                           f"{self.discovery_timeout_s}s: check that it is running and not stuck, "
+                                           f"or raise tools.discovery_timeout_s") from None
 
             found = await asyncio.gather(*(one(b) for b in self.backends))
             for backend, schemas in zip(self.backends, found):
@@ -231,7 +227,8 @@ class ToolRegistry:
         """The name of the backend serving tool `name` ("local" for in-process tools)."""
         self._require_started()
         if name not in self._routes:
-            raise KeyError(f"tool {name!r} is not in the registry; available: {', '.join(self._routes)}")
+            raise UnknownToolError(f"tool {name!r} is not served by any configured tool service; available: "
+                                   f"{', '.join(self._routes) or 'none'}: fix the tool name or the tools config")
         return self._routes[name].name
 
     def schemas(self, names: list[str] | None = None) -> list[dict]:
@@ -241,7 +238,8 @@ class ToolRegistry:
             return list(self._schemas.values())
         unknown = [n for n in names if n not in self._schemas]
         if unknown:
-            raise KeyError(f"tools {unknown} are not in the registry; available: {', '.join(self._schemas)}")
+            raise UnknownToolError(f"tools {unknown} are not served by any configured tool service; available: "
+                                   f"{', '.join(self._schemas) or 'none'}: fix the tool names or the tools config")
         return [self._schemas[n] for n in names]
 
     def _require_started(self) -> None:
@@ -324,4 +322,4 @@ class ToolRegistry:
         await self.aclose()
 
 
-__all__ = ["LocalBackend", "SessionOpenError", "ToolBackend", "ToolRegistry", "ToolServiceError"]
+__all__ = ["LocalBackend", "ToolBackend", "ToolRegistry"]

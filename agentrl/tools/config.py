@@ -95,15 +95,25 @@ class ToolsConfig:
 
 def resolve_tools_config(cfg: ToolsConfig) -> ToolsConfig:
     """Fold `cfg.config` (a tools YAML) into `cfg`: its entries first, `cfg`'s limits win. Returns a new config."""
+    return resolve_with_keys(cfg)[0]
+
+
+def resolve_with_keys(cfg: ToolsConfig, prefix: str = "tools.", source: str | None = None,
+                      ) -> tuple[ToolsConfig, list[str]]:
+    """`resolve_tools_config(cfg)` plus, per resolved service, where it was configured, for errors to name:
+    "services[0] in configs/tools/x.yaml" for a service of the referenced YAML, f"{prefix}services[i]" for one
+    of `cfg`'s own (prefix "tools." in a training config, "" in a tools YAML), with " in {source}" if given."""
+    where = f" in {source}" if source else ""
+    own = [f"{prefix}services[{i}]{where}" for i in range(len(cfg.services))]
     if cfg.config is None:
-        return cfg
+        return cfg, own
     from agentrl.config import ConfigError, load_config
 
     base = load_config(ToolsConfig, cfg.config)
     if base.config is not None:
         raise ConfigError(f"{cfg.config}: a tools YAML referenced by `config:` cannot itself set `config:` "
                           f"({base.config!r}); list its services directly")
-    return ToolsConfig(
+    merged = ToolsConfig(
         config=None,
         services=[*base.services, *cfg.services],
         builtin=list(dict.fromkeys([*base.builtin, *cfg.builtin])),
@@ -115,6 +125,14 @@ def resolve_tools_config(cfg: ToolsConfig) -> ToolsConfig:
         max_output_chars=cfg.max_output_chars,
         discovery_timeout_s=cfg.discovery_timeout_s,
     )
+    return merged, [*(f"services[{i}] in {cfg.config}" for i in range(len(base.services))), *own]
 
 
-__all__ = ["BUILTIN_TOOLS", "ServiceConfig", "ToolsConfig", "resolve_tools_config"]
+def field_key(service_key: str, field: str) -> str:
+    """The key of one field of a service: ("tools.services[0]", "url") -> "tools.services[0].url";
+    ("services[1] in x.yaml", "url") -> "services[1].url in x.yaml"."""
+    path, sep, source = service_key.partition(" in ")
+    return f"{path}.{field}{sep}{source}"
+
+
+__all__ = ["BUILTIN_TOOLS", "ServiceConfig", "ToolsConfig", "field_key", "resolve_tools_config", "resolve_with_keys"]

@@ -15,11 +15,12 @@ import contextlib
 import logging
 from typing import Any
 
+from agentrl.errors import one_line
+from agentrl.retry import backoff_delay
 from agentrl.tools.base import ToolResult
-from agentrl.tools.client import ToolServiceError
-from agentrl.tools.config import ServiceConfig
+from agentrl.tools.config import ServiceConfig, field_key
+from agentrl.tools.errors import ToolServiceError
 from agentrl.tools.limits import Limit
-from agentrl.tools.remote import backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,13 @@ class _Connection:
 
 
 class MCPToolService:
-    def __init__(self, cfg: ServiceConfig):
+    """One MCP server. `key` is where it is configured (e.g. "tools.services[1]"), named in set-up errors."""
+
+    def __init__(self, cfg: ServiceConfig, *, key: str = "services[?]"):
         self.cfg = cfg
         self.name = cfg.name
+        self.key = key
+        self.where = f"MCP server {cfg.name!r} at {cfg.url}"
         self.call_budget_s = cfg.call_budget_s
         self._own = Limit(cfg.max_concurrency)
         self._global: Limit | None = None
@@ -123,7 +128,8 @@ class MCPToolService:
                     await asyncio.wait_for(conn.ready.wait(), self.cfg.connect_timeout_s + self.cfg.timeout_s)
                 except TimeoutError:
                     await conn.close()
-                    raise ConnectionError(f"MCP server {self.name} did not complete the handshake") from None
+                    raise ConnectionError(f"no MCP handshake within "
+                                          f"{self.cfg.connect_timeout_s + self.cfg.timeout_s}s") from None
                 if not conn.alive:
                     raise ConnectionError(f"{_leaf(conn.error)!r}")
                 self._conn = conn
@@ -143,8 +149,9 @@ class MCPToolService:
                 if not cursor:
                     break
         except (ConnectionError, OSError) as e:
-            raise ToolServiceError(f"MCP server {self.name} ({self.cfg.url}) is unreachable at start: {e}; start it "
-                                   f"or fix its url (the streamable HTTP endpoint, usually .../mcp)") from None
+            raise ToolServiceError(f"{self.where} is unreachable ({one_line(str(e))[:200]}): start it or fix "
+                                   f"{field_key(self.key, 'url')} (the streamable HTTP endpoint, usually http://host:port/mcp)"
+                                   ) from None
         schemas = []
         for t in tools:
             schema = mcp_tool_to_openai(t)
@@ -152,8 +159,8 @@ class MCPToolService:
                 cls = jsonschema.validators.validator_for(schema["function"]["parameters"])
                 cls.check_schema(schema["function"]["parameters"])
             except jsonschema.SchemaError as e:
-                raise ToolServiceError(f"MCP server {self.name}: tool {t.name!r} has an invalid input schema: "
-                                       f"{e.message}") from None
+                raise ToolServiceError(f"{self.where}: tool {t.name!r} has an invalid input schema: "
+                                       f"{one_line(e.message)[:200]}; fix the tool on that server") from None
             self._validators[t.name] = cls(schema["function"]["parameters"])
             schemas.append(schema)
         return schemas

@@ -1,6 +1,6 @@
 """HTTP tool-service backend of the registry: discovery, bounded concurrency, timeouts, retries, error mapping.
 
-Retries (with exponential backoff and jitter) happen only where the request certainly did not run the tool or
+Retries (backoff and jitter from `agentrl.retry`) happen only where the request certainly did not run the tool or
 the service asked for it: a connection that could not be made, 503 (overloaded; Retry-After honoured up to
 `max_backoff_s`) and 504. A read timeout or a connection lost mid-call is not retried: the tool may have run,
 and running it twice is not safe in general. Concurrency slots are held only while a request is in flight,
@@ -16,15 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
+import os
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 
+from agentrl.errors import one_line
+from agentrl.retry import backoff_delay, parse_retry_after
 from agentrl.tools.base import ToolResult
-from agentrl.tools.client import SessionOpenError, ToolServiceError
-from agentrl.tools.config import ServiceConfig
+from agentrl.tools.config import ServiceConfig, field_key
+from agentrl.tools.errors import SessionOpenError, ToolServiceError
 from agentrl.tools.limits import Limit
 from agentrl.tools.transport import Origin, PooledTransport, RawResponse, request_head, with_body
 
@@ -43,47 +45,58 @@ def _text(response: RawResponse) -> str:
     return response.content.decode("utf-8", errors="replace")
 
 
-def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
-    """Equal-jitter exponential backoff: half of min(cap, base * 2^attempt) plus a random half."""
-    d = min(cap_s, base_s * (2**attempt))
-    return d / 2 + random.uniform(0, d / 2)
+def unreachable_reason(error: httpx.HTTPError, cfg: ServiceConfig) -> str:
+    """A short reason for a failed connection: "connection refused", "no connection within 5.0s", ..."""
+    if isinstance(error, httpx.ConnectTimeout):
+        return f"no connection within {cfg.connect_timeout_s}s"
+    if isinstance(error, httpx.TimeoutException):
+        return f"no answer within {cfg.timeout_s}s"
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
+        text = os.strerror(cause.errno)  # asyncio's "Connect call failed (...)" -> "Connection refused"
+    else:
+        text = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(error)
+    return excerpt(text[:1].lower() + text[1:]) or type(error).__name__
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds form); None when absent or an HTTP date."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+def excerpt(text: str, limit: int = 120) -> str:
+    """`text` on one line, cut to `limit` characters: a service's answer quoted in a one-line error."""
+    folded = one_line(text)
+    return folded if len(folded) <= limit else folded[:limit - 3] + "..."
 
 
 def check_schemas(schemas: Any, where: str) -> list[dict]:
     """Validate a `GET /tools` body: a list of OpenAI function schemas. Raises ToolServiceError naming `where`."""
+    fix = "serve the tools with `agentrl tools serve`, or make GET /tools return [{\"type\": \"function\", ...}]"
     if not isinstance(schemas, list):
         raise ToolServiceError(f"{where}: GET /tools must return a JSON list of function schemas, got "
-                               f"{type(schemas).__name__}")
+                               f"{type(schemas).__name__}; {fix}")
     for i, s in enumerate(schemas):
         fn = s.get("function") if isinstance(s, dict) else None
         if not isinstance(s, dict) or s.get("type") != "function" or not isinstance(fn, dict):
             raise ToolServiceError(f"{where}: schema #{i} is not {{\"type\": \"function\", \"function\": {{...}}}}: "
-                                   f"{str(s)[:200]}")
+                                   f"{excerpt(str(s))}; {fix}")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise ToolServiceError(f"{where}: schema #{i} has no function.name")
+            raise ToolServiceError(f"{where}: schema #{i} has no function.name; {fix}")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict) or params.get("type") != "object":
             raise ToolServiceError(f"{where}: tool {fn['name']!r}: function.parameters must be a JSON schema "
-                                   f"with \"type\": \"object\", got {str(params)[:200]}")
+                                   f"with \"type\": \"object\", got {excerpt(str(params))}")
     return schemas
 
 
 class HTTPToolService:
-    """One tool service (`agentrl tools serve`, or anything speaking the same routes)."""
+    """One tool service (`agentrl tools serve`, or anything speaking the same routes).
 
-    def __init__(self, cfg: ServiceConfig, client: httpx.AsyncClient, transport: PooledTransport):
+    `key` is where the service is configured (e.g. "tools.services[0]"), named in set-up errors.
+    """
+
+    def __init__(self, cfg: ServiceConfig, client: httpx.AsyncClient, transport: PooledTransport, *,
+                 key: str = "services[?]"):
         self.cfg = cfg
         self.name = cfg.name
+        self.key = key
+        self.where = f"tool service {cfg.name!r} at {cfg.url}"
         self.client = client  # discovery and session closing
         self._transport = transport  # the client's own transport; requests below go to it directly
         self._origin = Origin.from_url(cfg.url)
@@ -99,20 +112,26 @@ class HTTPToolService:
 
     async def discover(self, limit: Limit) -> list[dict]:
         self._global = limit
-        where = f"tool service {self.name} ({self.cfg.url})"
+        not_ours = (f"is {self.cfg.url} an agentrl tool service (`agentrl tools serve`)? fix {field_key(self.key, 'url')} or "
+                    f"the service")
         try:
             tools = await self.client.get(f"{self.cfg.url}/tools", headers=self.cfg.headers, timeout=self._timeout)
             health = await self.client.get(f"{self.cfg.url}/health", headers=self.cfg.headers,
                                            timeout=self._timeout)
         except httpx.HTTPError as e:
-            raise ToolServiceError(f"{where} is unreachable at start ({type(e).__name__}: {e}); start it (e.g. "
-                                   f"`agentrl tools serve module:fn --port N`) or fix its url") from None
+            port = urlsplit(self.cfg.url).port or "PORT"
+            raise ToolServiceError(f"{self.where} is unreachable ({unreachable_reason(e, self.cfg)}): start it "
+                                   f"with `agentrl tools serve module:fn --port {port}` or fix {field_key(self.key, 'url')}"
+                                   ) from None
         if tools.status_code != 200:
-            raise ToolServiceError(f"{where}: GET /tools answered HTTP {tools.status_code}: {tools.text[:200]}")
+            raise ToolServiceError(f"{self.where} answered GET /tools with HTTP {tools.status_code} "
+                                   f"({excerpt(tools.text)}): {not_ours}")
         try:
-            schemas = check_schemas(tools.json(), where)
-        except ValueError as e:  # JSON decode error
-            raise ToolServiceError(f"{where}: GET /tools did not return JSON ({e})") from None
+            body = tools.json()
+        except ValueError:  # JSON decode error
+            raise ToolServiceError(f"{self.where} answered GET /tools with something that is not JSON "
+                                   f"({excerpt(tools.text)}): {not_ours}") from None
+        schemas = check_schemas(body, self.where)
         if health.status_code == 200:
             try:
                 stateful = health.json().get("stateful_tools", [])
@@ -169,11 +188,8 @@ class HTTPToolService:
             if attempt >= self.cfg.retries:
                 failure.metrics["attempts"] = attempt + 1
                 return failure
-            if retry_after is not None:
-                delay = min(retry_after, self.cfg.max_backoff_s)
-            else:
-                delay = backoff_delay(attempt, self.cfg.backoff_s, self.cfg.max_backoff_s)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(backoff_delay(attempt, self.cfg.backoff_s, self.cfg.max_backoff_s,
+                                              retry_after_s=retry_after))
             attempt += 1
 
     async def call(self, tool: str, arguments: Any, session_id: str | None) -> ToolResult:
@@ -220,4 +236,4 @@ class HTTPToolService:
         return None  # the shared httpx client belongs to the registry
 
 
-__all__ = ["HTTPToolService", "backoff_delay", "check_schemas", "parse_retry_after"]
+__all__ = ["HTTPToolService", "check_schemas", "excerpt", "unreachable_reason"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.tools.base import Tool, ToolInfraError, ToolResult, as_tool
+from agentrl.tools.errors import ToolSpecError
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,13 @@ class ToolSet:
         for obj in tools:
             t = as_tool(obj)
             if t.name in self.tools:
-                raise ValueError(f"two tools are named {t.name!r}; give one another name with @tool(name=...)")
+                raise ToolSpecError(f"two tools are named {t.name!r}: give one another name with @tool(name=...)")
             self.tools[t.name] = t
         self.defaults = dict(defaults or {})
         unknown = sorted(set(self.defaults) - set(self.tools))
         if unknown:
-            raise ValueError(f"tool defaults given for unknown tools {unknown}; known tools: {sorted(self.tools)}")
+            raise ToolSpecError(f"session defaults given for unknown tools {unknown}; known tools: "
+                                f"{sorted(self.tools)}: fix the tool names in --tool-kwargs / tools_kwargs")
         self.idle_ttl_s = idle_ttl_s
         self.sessions: dict[str, _Session] = {}
 

@@ -140,11 +140,14 @@ async def test_overloaded_and_5xx_are_infra_errors(flaky_url):
 
 
 async def test_discovery_errors_name_the_service(flaky_url):
-    with pytest.raises(ToolServiceError, match="toolbox.*schema #0|toolbox.*parameters"):
+    with pytest.raises(ToolServiceError, match="tool service 'toolbox' at .*(schema #0|parameters)"):
         await registry_for(f"{flaky_url}/bad").start()
-    dead = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(ToolServiceError, match="toolbox .*unreachable"):
+    port = free_port()
+    dead = f"http://127.0.0.1:{port}"
+    with pytest.raises(ToolServiceError) as err:
         await registry_for(dead).start()
+    assert str(err.value) == (f"tool service 'toolbox' at {dead} is unreachable (connection refused): "
+                              f"start it with `agentrl tools serve module:fn --port {port}` or fix services[0].url")
 
 
 async def test_service_killed_mid_run_then_restarted():

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from agentrl.config import ConfigError, load_config
+from agentrl.errors import UserError
 from agentrl.tools import ToolRegistry, ToolsConfig, tool
 from agentrl.tools.builtin.calculator import calculator
 
@@ -63,8 +64,10 @@ async def test_from_functions_routes_and_schemas():
     reg = ToolRegistry.from_functions([calculator, plain, hold])
     assert reg.names() == ["calculator", "plain", "hold"]
     assert [s["function"]["name"] for s in reg.schemas(["hold", "plain"])] == ["hold", "plain"]
-    with pytest.raises(KeyError, match="not in the registry"):
-        reg.schemas(["nope"])
+    with pytest.raises(KeyError, match=r"^tools \['nope'\] are not served .*available: calculator, plain, hold"):
+        reg.schemas(["nope"])  # an UnknownToolError: a KeyError and a UserError (one line from the CLI)
+    with pytest.raises(UserError, match="tool 'nope' is not served"):
+        reg.service_of("nope")
     assert (await reg.call("plain", {"a": 21})).content == "42"
     unknown = await reg.call("calc", {"expression": "1"})
     assert unknown.error_kind == "unknown_tool" and "calculator, plain, hold" in unknown.content

@@ -1,4 +1,4 @@
-"""Pure pieces of the HTTP path: backoff, Retry-After, schema checks, serve specs, idle-session sweeping."""
+"""Pure pieces of the HTTP path: schema checks, serve specs, idle-session sweeping."""
 
 from __future__ import annotations
 
@@ -6,24 +6,11 @@ import asyncio
 
 import pytest
 
+from agentrl.errors import UserError
 from agentrl.tools import ToolServiceError, tool
 from agentrl.tools.cli import load_tool_spec
-from agentrl.tools.remote import backoff_delay, check_schemas, parse_retry_after
+from agentrl.tools.remote import check_schemas
 from agentrl.tools.toolset import ToolSet
-
-
-def test_backoff_grows_with_jitter_and_is_capped():
-    for attempt, (low, high) in enumerate([(0.05, 0.1), (0.1, 0.2), (0.2, 0.4)]):
-        delays = [backoff_delay(attempt, 0.1, 10.0) for _ in range(200)]
-        assert low <= min(delays) and max(delays) <= high and len(set(delays)) > 100
-    assert all(backoff_delay(20, 0.1, 2.0) <= 2.0 for _ in range(50))
-
-
-def test_retry_after_parsing():
-    assert parse_retry_after("3") == 3.0
-    assert parse_retry_after("0.5") == 0.5
-    assert parse_retry_after(None) is None
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None  # HTTP-date form: fall back to backoff
 
 
 @pytest.mark.parametrize("schemas, message", [
@@ -48,11 +35,11 @@ def test_load_tool_spec_module_and_file(tmp_path):
     src = tmp_path / "mine.py"
     src.write_text("def double(x: int) -> int:\n    return 2 * x\n\ndef half(x: int) -> float:\n    return x / 2\n")
     assert [f.__name__ for f in load_tool_spec(f"{src}:double,half")] == ["double", "half"]
-    with pytest.raises(SystemExit, match="has no 'triple'.*double"):
+    with pytest.raises(UserError, match="has no 'triple'.*double"):
         load_tool_spec(f"{src}:triple")
-    with pytest.raises(SystemExit, match="must look like"):
+    with pytest.raises(UserError, match="must look like"):
         load_tool_spec("agentrl.tools.builtin.calculator")
-    with pytest.raises(SystemExit, match="cannot import"):
+    with pytest.raises(UserError, match="cannot import"):
         load_tool_spec("no_such_module_xyz:f")
 
 
