@@ -6,20 +6,23 @@ Project row:
 verl-style row (as written by verl's data preprocessing):
     {"prompt": [messages], "data_source": str, "reward_model": {"style": "rule", "ground_truth": ...},
      "extra_info": {"index": ..., "tools_kwargs": {...}, ...}, "agent_name": "tool_agent", "ability": ...}
-    -> reward {"type": `verl_reward_type` (default "exact_match"), "ground_truth": ...}; tools None (all tools);
-    tools_kwargs from extra_info.tools_kwargs, each tool's "create_kwargs" unwrapped (they build the tool's
-    per-episode state); extra_info, agent_name and ability are kept in `Task.extra`.
+    -> reward {"type": `verl_reward_type` (default "exact_match"), "ground_truth": ...}; tools_kwargs from
+    extra_info.tools_kwargs, each tool's "create_kwargs" unwrapped (they build the tool's per-episode state);
+    tools: the row's own "tools" list if it has one, else the tools_kwargs keys (verl passes kwargs to exactly
+    the tools an episode uses), else None (every configured tool); extra_info, agent_name and ability are kept
+    in `Task.extra`.
 
-A malformed row raises `TaskFormatError` naming the file, the 1-based row number and the field.
+A malformed row raises `TaskFormatError` naming the file, the 1-based row number and the field; a missing file
+raises `TaskFileNotFoundError`. `read_tasks` yields every row's Task or error, so a checker reports them all.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from agentrl.errors import UserError
+from agentrl.errors import UserError, one_line
 from agentrl.types import Task
 
 _ROLES = ("system", "user", "assistant", "tool")
@@ -30,36 +33,65 @@ class TaskFormatError(UserError, ValueError):
     """A task row is malformed; the message names the file, the row and the field."""
 
 
-def load_tasks(path: str | Path, *, verl_reward_type: str = "exact_match", limit: int | None = None) -> list[Task]:
-    """Read every row of a .jsonl/.json-lines or .parquet file as a Task (the first `limit` rows if given)."""
+class TaskFileNotFoundError(UserError, FileNotFoundError):
+    """A task file named in a config or on the command line does not exist."""
+
+
+def read_tasks(path: str | Path, *,
+               verl_reward_type: str = "exact_match") -> Iterator[tuple[int, Task | TaskFormatError]]:
+    """(1-based row number, Task or the TaskFormatError of that row) for every row of a .jsonl or .parquet file.
+
+    Raises TaskFileNotFoundError for a missing file and TaskFormatError for a file that cannot be read at all."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"task file {p} does not exist")
-    rows = _read_parquet(p) if p.suffix == ".parquet" else _read_jsonl(p)
+        raise TaskFileNotFoundError(f"task file {p} does not exist")
+    for number, row in _read_parquet(p) if p.suffix == ".parquet" else _read_jsonl(p):
+        if isinstance(row, TaskFormatError):
+            yield number, row
+            continue
+        try:
+            yield number, task_from_row(row, where=f"{p}:row {number}", verl_reward_type=verl_reward_type)
+        except TaskFormatError as e:
+            yield number, e
+
+
+def load_tasks(path: str | Path, *, verl_reward_type: str = "exact_match", limit: int | None = None) -> list[Task]:
+    """Read every row of a .jsonl/.json-lines or .parquet file as a Task (the first `limit` rows if given)."""
     tasks = []
-    for number, row in rows:
+    for _, item in read_tasks(path, verl_reward_type=verl_reward_type):
         if limit is not None and len(tasks) >= limit:
             break
-        tasks.append(task_from_row(row, where=f"{p}:row {number}", verl_reward_type=verl_reward_type))
+        if isinstance(item, TaskFormatError):
+            raise item
+        tasks.append(item)
     return tasks
 
 
-def _read_jsonl(p: Path):
+def _read_jsonl(p: Path) -> Iterator[tuple[int, Any]]:
+    """(row number, parsed row or the TaskFormatError of a line that is not JSON); blank lines are skipped."""
     with p.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskFormatError(f"{p}:row {number}: not valid JSON ({e.msg} at column {e.colno})") from None
+        try:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield number, TaskFormatError(f"{p}:row {number}: not valid JSON ({e.msg} at column {e.colno})")
+        except UnicodeDecodeError:
+            raise TaskFormatError(f"{p} is not UTF-8 text; a task file is JSONL (one JSON object per line) or "
+                                  ".parquet") from None
 
 
-def _read_parquet(p: Path):
+def _read_parquet(p: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for number, row in enumerate(pq.read_table(p).to_pylist(), start=1):
-        yield number, row
+    try:
+        rows = pq.read_table(p).to_pylist()
+    except pa.ArrowException as e:
+        raise TaskFormatError(f"{p} is not a readable parquet file ({one_line(str(e))[:200]})") from None
+    yield from enumerate(rows, start=1)
 
 
 def task_from_row(row: Any, *, where: str = "row", verl_reward_type: str = "exact_match") -> Task:
@@ -78,15 +110,14 @@ def task_from_row(row: Any, *, where: str = "row", verl_reward_type: str = "exac
     reward = row["reward"]
     if not isinstance(reward, dict) or not isinstance(reward.get("type"), str):
         raise TaskFormatError(f"{where}: field 'reward' must be an object with a 'type' string, got {reward!r}")
-    tools = row.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
-        raise TaskFormatError(f"{where}: field 'tools' must be a list of tool names or null, got {tools!r}")
+    # parquet rows carry every tool any row has kwargs for (None for the others)
+    tools_kwargs = {name: kw for name, kw in _dict_field(row, "tools_kwargs", where).items() if kw is not None}
     return Task(
         prompt=_messages(row, where),
         reward=reward,
-        tools=tools,
+        tools=_tools_field(row, where),
         data_source=_str_field(row, "data_source", where, default="unknown"),
-        tools_kwargs=_dict_field(row, "tools_kwargs", where),
+        tools_kwargs=tools_kwargs,
         task_id=_str_field(row, "task_id", where, default=""),
         extra=_dict_field(row, "extra", where),
     )
@@ -102,9 +133,12 @@ def _verl_row(row: dict, where: str, reward_type: str) -> Task:
     tools_kwargs = extra_info.get("tools_kwargs") or {}
     if not isinstance(tools_kwargs, dict):
         raise TaskFormatError(f"{where}: verl field 'extra_info.tools_kwargs' must be an object, got {tools_kwargs!r}")
-    # verl passes {"create_kwargs": {...}} to tool.create(); agentrl's per-session state takes those kwargs
-    tools_kwargs = {name: kw["create_kwargs"] if isinstance(kw, dict) and "create_kwargs" in kw else kw
-                    for name, kw in tools_kwargs.items()}
+    # verl passes {"create_kwargs": {...}} to tool.create(); agentrl's per-session state takes those kwargs.
+    # Parquet rows carry every tool any row has kwargs for, None for the tools this row does not use.
+    tools_kwargs = {name: _create_kwargs(kw) for name, kw in tools_kwargs.items() if kw is not None}
+    tools = _tools_field(row, where)
+    if tools is None and tools_kwargs:
+        tools = sorted(tools_kwargs)
     index = extra_info.get("index")
     extra = {"extra_info": extra_info}
     for key in ("agent_name", "ability"):
@@ -114,12 +148,25 @@ def _verl_row(row: dict, where: str, reward_type: str) -> Task:
     return Task(
         prompt=_messages(row, where),
         reward={"type": reward_type, "ground_truth": spec["ground_truth"]},
-        tools=None,
+        tools=tools,
         data_source=source,
         tools_kwargs=tools_kwargs,
         task_id="" if index is None else f"{source}-{index}",
         extra=extra,
     )
+
+
+def _tools_field(row: dict, where: str) -> list[str] | None:
+    tools = row.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, str) for t in tools)):
+        raise TaskFormatError(f"{where}: field 'tools' must be a list of tool names or null, got {tools!r}")
+    return tools
+
+
+def _create_kwargs(kw: Any) -> Any:
+    if isinstance(kw, dict) and "create_kwargs" in kw:
+        return kw["create_kwargs"] or {}
+    return kw
 
 
 def _messages(row: dict, where: str) -> list[dict]:
@@ -160,4 +207,4 @@ def _dict_field(row: dict, key: str, where: str) -> dict:
     return value
 
 
-__all__ = ["load_tasks", "task_from_row", "TaskFormatError"]
+__all__ = ["TaskFileNotFoundError", "TaskFormatError", "load_tasks", "read_tasks", "task_from_row"]

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from agentrl.data.tasks import TaskFormatError, load_tasks
+from agentrl.data.tasks import TaskFileNotFoundError, TaskFormatError, load_tasks, read_tasks
+from agentrl.errors import UserError
 
 ROW = {"prompt": [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "2+2?"}],
        "tools": ["calculator"], "reward": {"type": "numeric", "ground_truth": "4", "tolerance": 1e-6},
@@ -36,8 +37,13 @@ def test_optional_fields_default(tmp_path):
 def test_verl_rows(tmp_path):
     (task,) = load_tasks(write_jsonl(tmp_path / "v.jsonl", [VERL_ROW]), verl_reward_type="numeric")
     assert task.reward == {"type": "numeric", "ground_truth": "2"}
-    assert task.tools is None and task.task_id == "gsm8k-7"
+    assert task.task_id == "gsm8k-7"
     assert task.tools_kwargs == {"calc_gsm8k_reward": {"ground_truth": "2"}}  # verl's create_kwargs unwrapped
+    assert task.tools == ["calc_gsm8k_reward"]  # the tools the row gives kwargs to
+    (listed,) = load_tasks(write_jsonl(tmp_path / "w.jsonl", [{**VERL_ROW, "tools": ["calculator"]}]))
+    assert listed.tools == ["calculator"]
+    bare = {k: v for k, v in VERL_ROW.items() if k != "extra_info"}
+    assert load_tasks(write_jsonl(tmp_path / "b.jsonl", [bare]))[0].tools is None  # no kwargs: every tool
     assert task.extra["agent_name"] == "tool_agent" and task.extra["ability"] == "math"
 
 
@@ -78,8 +84,47 @@ def test_invalid_json_line_and_missing_file(tmp_path):
     path.write_text(json.dumps(ROW) + "\n\n{not json\n")
     with pytest.raises(TaskFormatError, match=r"broken.jsonl:row 3: not valid JSON"):
         load_tasks(path)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(TaskFileNotFoundError, match="nope.jsonl does not exist") as info:
         load_tasks(tmp_path / "nope.jsonl")
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, UserError)
+
+
+def test_read_tasks_yields_every_row_or_its_error(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps(ROW) + "\n{\n" + json.dumps({"prompt": ROW["prompt"]}) + "\n\n" + json.dumps(ROW) + "\n")
+    items = list(read_tasks(path))
+    assert [n for n, _ in items] == [1, 2, 3, 5]
+    assert [type(t).__name__ for _, t in items] == ["Task", "TaskFormatError", "TaskFormatError", "Task"]
+    assert "mixed.jsonl:row 3: missing field 'reward'" in str(items[2][1])
+
+
+def test_a_file_that_is_not_a_task_file_is_one_clear_error(tmp_path):
+    binary = tmp_path / "model.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(TaskFormatError, match="is not UTF-8 text"):
+        load_tasks(binary)
+    fake = tmp_path / "t.parquet"
+    fake.write_text("not parquet")
+    with pytest.raises(TaskFormatError, match="is not a readable parquet file"):
+        load_tasks(fake)
+
+
+def test_verl_parquet_infers_each_rows_tools_from_its_tools_kwargs(tmp_path):
+    """verl preprocessing writes one struct column for extra_info: parquet fills the tools a row does not use
+    with null, and those must not become tools of that row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{**VERL_ROW, "extra_info": {"index": i, "tools_kwargs": kwargs}} for i, kwargs in enumerate([
+        {"calculator": {"create_kwargs": {"precision": 3}}},
+        {"lookup": {"create_kwargs": {"kb_path": "kb.jsonl"}}},
+        {}])]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    tasks = load_tasks(path)
+    assert [t.tools for t in tasks] == [["calculator"], ["lookup"], None]
+    assert tasks[0].tools_kwargs == {"calculator": {"precision": 3}} and tasks[2].tools_kwargs == {}
+    assert [t.task_id for t in tasks] == ["gsm8k-0", "gsm8k-1", "gsm8k-2"]
 
 
 def test_suite_rows_load(tmp_path):
