@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentrl.data.suites import calc, code, lookup
-from agentrl.data.suites.common import SPLITS, check_split, write_jsonl
+from agentrl.data.suites.common import SPLITS, SuiteError, check_split, write_jsonl
 
 SUITES = ("calc", "lookup", "code")
 SUITE_TOOLS = {"calc": calc.TOOLS, "lookup": lookup.TOOLS, "code": code.TOOLS}
@@ -24,7 +24,7 @@ HARD_MIX_SUITES = ("calc", "lookup")  # suites whose train split has a hard mix 
 
 def check_suite(suite: str) -> None:
     if suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r}; choose one of {list(SUITES)}")
+        raise SuiteError(f"unknown suite {suite!r}; choose one of {list(SUITES)}")
 
 
 def default_kb_path(out: str | Path) -> Path:
@@ -44,7 +44,7 @@ def make_suite(suite: str, split: str, n: int, seed: int = 0, *, kb_path: str | 
         return calc.make_tasks(split, n, seed, hard=hard), None
     if suite == "code":
         if hard:
-            raise ValueError(f"code: there is no hard mix (only {', '.join(HARD_MIX_SUITES)}); drop hard / --hard")
+            raise SuiteError(f"code: there is no hard mix (only {', '.join(HARD_MIX_SUITES)}); drop hard / --hard")
         return code.make_tasks(split, n, seed), None
     if kb_path is None:
         raise ValueError("the lookup suite needs kb_path: the file its tasks' lookup tool will read")
@@ -68,4 +68,5 @@ def write_suite(suite: str, split: str, n: int, out: str | Path, *, seed: int = 
     return [out, kb_file]
 
 
-__all__ = ["HARD_MIX_SUITES", "SPLITS", "SUITES", "SUITE_TOOLS", "default_kb_path", "make_suite", "write_suite"]
+__all__ = ["HARD_MIX_SUITES", "SPLITS", "SUITES", "SUITE_TOOLS", "SuiteError", "default_kb_path", "make_suite",
+           "write_suite"]

@@ -12,18 +12,25 @@ import json
 import random
 from typing import Any, Callable
 
+from agentrl.errors import UserError
+
 SPLITS = ("train", "heldout")
+
+
+class SuiteError(UserError, ValueError):
+    """A suite was asked for something it cannot make (unknown suite or split, hard mix of held-out, too many)."""
 
 
 def check_split(split: str) -> None:
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {list(SPLITS)}")
+        raise SuiteError(f"unknown split {split!r}; choose one of {list(SPLITS)}")
 
 
 def check_hard(suite: str, split: str) -> None:
     """The hard mix re-weights the *train* split (for RL); the held-out split has one fixed distribution."""
     if split != "train":
-        raise ValueError(f"{suite}: hard=True is a mix of the train split; got split {split!r}")
+        raise SuiteError(f"{suite}: the hard mix (hard=True, --hard) re-weights the train split only, got split "
+                         f"{split!r}; drop --hard, or use --split train")
 
 
 def split_rng(suite: str, split: str, seed: int) -> random.Random:
@@ -74,7 +81,7 @@ def task_row(suite: str, split: str, *, system: str, user: str, tools: list[str]
 def unique_rows(n: int, make_one: Callable[[], dict], *, what: str) -> list[dict]:
     """Call `make_one` until `n` rows with distinct task ids exist; fail clearly if the space is too small."""
     if n < 0:
-        raise ValueError(f"{what}: n must be >= 0, got {n}")
+        raise SuiteError(f"{what}: n must be >= 0, got {n}")
     rows: list[dict] = []
     seen: set[str] = set()
     attempts = 0
@@ -82,7 +89,7 @@ def unique_rows(n: int, make_one: Callable[[], dict], *, what: str) -> list[dict
     while len(rows) < n:
         attempts += 1
         if attempts > max_attempts:
-            raise ValueError(f"{what}: only {len(rows)} distinct tasks after {max_attempts} draws, {n} asked; "
+            raise SuiteError(f"{what}: only {len(rows)} distinct tasks after {max_attempts} draws, {n} asked; "
                              "ask for fewer tasks or widen the suite's ranges")
         row = make_one()
         if row["task_id"] not in seen:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from agentrl.data.suites import SUITE_TOOLS, check_suite, default_kb_path, write_suite
 from agentrl.data.suites.common import write_jsonl
+from agentrl.errors import UserError
 from agentrl.tools.builtin.calculator import result_value
 from agentrl.types import Task
 
@@ -44,6 +45,10 @@ PYTHON_RUN_TIMEOUT_S = 10.0
 
 class DemoError(RuntimeError):
     """A scripted solver could not produce a verified transcript (a suite/tool disagreement: a bug to fix)."""
+
+
+class DemoToolUnavailableError(UserError):
+    """A tool the demonstrations call could not run for an infrastructure reason (e.g. the sandbox is down)."""
 
 
 def _call_message(name: str, arguments: dict) -> dict:
@@ -61,6 +66,10 @@ def _answer_message(text: str) -> dict:
 
 async def _call(tools, name: str, arguments: dict, session: str | None, task: dict) -> str:
     result = await tools.call(name, arguments, session=session)
+    if result.infra_error:
+        raise DemoToolUnavailableError(f"tool {name} could not run ({result.error_kind}: {result.content[:200]}); "
+                                       "start the service it needs (the python tool: the sandbox given by "
+                                       "--sandbox-url) or drop --sandbox-url to simulate the python calls")
     if result.is_error:
         raise DemoError(f"task {task['task_id']}: {name}({arguments}) failed ({result.error_kind}): "
                         f"{result.content[:300]}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agentrl.data.suites.common import check_hard, name_in_split, split_rng, task_row, unique_rows
+from agentrl.data.suites.common import SuiteError, check_hard, name_in_split, split_rng, task_row, unique_rows
 
 NAME = "lookup"
 TOOLS = ["lookup"]
@@ -87,7 +87,7 @@ def _names(rng: random.Random, count: int, split: str, make, taken: set[str]) ->
         if name not in taken and name_in_split(name, split):
             taken.add(name)
             out.append(name)
-    raise ValueError(f"lookup/{split}: could not draw {count} distinct names; ask for fewer tasks")
+    raise SuiteError(f"lookup/{split}: could not draw {count} distinct names; ask for fewer tasks")
 
 
 def make_kb(split: str, n: int, seed: int = 0) -> KnowledgeBase:

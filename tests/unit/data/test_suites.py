@@ -268,8 +268,11 @@ def test_hard_mix_keeps_train_numbers_and_names_with_more_two_step_problems(tmp_
 
 @pytest.mark.parametrize("suite,split", [("calc", "heldout"), ("lookup", "heldout"), ("code", "train")])
 def test_hard_mix_exists_only_for_the_calc_and_lookup_train_splits(suite, split, tmp_path):
-    with pytest.raises(ValueError, match="hard"):
+    from agentrl.errors import UserError
+
+    with pytest.raises(UserError, match="hard") as info:  # a user's mistake: one line from the CLI
         make_suite(suite, split, 5, 0, kb_path=tmp_path / "kb.jsonl", hard=True)
+    assert isinstance(info.value, ValueError) and "--hard" in str(info.value)
 
 
 def test_cli_make_hard(tmp_path, capsys):
