@@ -34,11 +34,25 @@ BENCH_MODULES: dict[str, str] = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version; the source tree's `agentrl.__version__` when not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("agentrl")
+    except PackageNotFoundError:
+        from agentrl import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl",
         description="Train tool-using LLM agents with reinforcement learning.",
     )
+    parser.add_argument("--version", action="version", version=f"agentrl {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_commands(sub)
@@ -61,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from agentrl.errors import UserError, debug_enabled, one_line
+    from agentrl.preflight import PreflightError
 
     try:
         code = args.func(args)
@@ -70,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         if debug_enabled():
             raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        for line in e.problems if isinstance(e, PreflightError) else [one_line(e)]:  # one line per problem
+            print(f"error: {line}", file=sys.stderr)
         return 2
     return int(code or 0)
 

@@ -21,9 +21,18 @@ def _count(text: str) -> int:
     return value
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    from agentrl.preflight import check_output_path
+
+    check_output_path(args.out, "OUT")
+    if args.kb is not None:
+        check_output_path(args.kb, "--kb")
+
+
 def _make(args: argparse.Namespace) -> int:
     from agentrl.data.suites import write_suite
 
+    _check_outputs(args)
     paths = write_suite(args.suite, args.split, args.n, args.out, seed=args.seed, kb_path=args.kb, hard=args.hard)
     mix = " (hard mix)" if args.hard else ""
     print(f"wrote {args.n} {args.suite}/{args.split}{mix} tasks: " + ", ".join(str(p) for p in paths))
@@ -33,6 +42,7 @@ def _make(args: argparse.Namespace) -> int:
 def _demos(args: argparse.Namespace) -> int:
     from agentrl.data.suites.demos import write_demos
 
+    _check_outputs(args)
     paths = write_demos(args.suite, args.n, args.out, seed=args.seed, split=args.split, kb_path=args.kb,
                         sandbox_url=args.sandbox_url)
     print(f"wrote {args.n} {args.suite}/{args.split} demonstrations: " + ", ".join(str(p) for p in paths))

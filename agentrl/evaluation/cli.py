@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from agentrl.errors import UserError
+
 
 def _is_eval_dir(path: Path) -> bool:
     return (path / "eval.json").is_file() and not (path / "config.json").is_file()
@@ -80,10 +82,9 @@ def _tools(args: argparse.Namespace, cfg, tasks) -> Iterator[object]:
     from agentrl.tools.client import ToolRegistry
     from agentrl.tools.config import ServiceConfig, ToolsConfig
 
-    configured = cfg.tools.config or cfg.tools.services or cfg.tools.builtin or cfg.tools.functions
     if args.tools_config:
         yield ToolRegistry.from_config(args.tools_config)
-    elif configured:
+    elif _configured_tools(cfg):
         yield ToolRegistry.from_tools_config(cfg.tools)
     elif args.serve_tools and _tool_names(tasks):
         names = _tool_names(tasks)
@@ -118,43 +119,105 @@ def _evaluate_model(args: argparse.Namespace, cfg, tasks, model: Path, out: Path
     return load_eval(out)
 
 
+def _is_task_file(spec: str) -> bool:
+    return Path(spec).suffix in (".jsonl", ".json", ".parquet") or Path(spec).is_file()
+
+
 def _tasks_source(args: argparse.Namespace) -> str:
-    if Path(args.suite).suffix in (".jsonl", ".json", ".parquet") or Path(args.suite).is_file():
+    if _is_task_file(args.suite):
         return args.suite
     return f"suite {args.suite}, split {args.split}, {args.num_tasks} tasks per suite, seed {args.suite_seed}"
 
 
-def _eval(args: argparse.Namespace) -> int:
+class EvalArgumentError(UserError):
+    """An `agentrl eval` argument names nothing usable (a missing model, an unknown suite, a missing --suite)."""
+
+
+def _tasks(args: argparse.Namespace, out_dir: Path) -> list:
+    """The tasks to evaluate; every bad row of a task file, or an unknown suite name, fails with one line each."""
+    from agentrl.evaluation.run import suite_tasks
+    from agentrl.preflight import raise_problems, read_task_files
+
+    if _is_task_file(args.suite):
+        raise_problems(read_task_files([args.suite], "--suite")[1])
     try:
-        return _run_eval(args)
-    except (ValueError, FileNotFoundError) as e:  # bad suite, config key, task file, reward spec: the user's to fix
-        print(f"agentrl eval: error: {e}", file=sys.stderr)
-        return 2
+        return suite_tasks(args.suite, split=args.split, num_tasks=args.num_tasks, seed=args.suite_seed,
+                           out_dir=out_dir)
+    except ValueError as e:  # neither a task file nor suite names (suite_tasks says which)
+        raise EvalArgumentError(str(e)) from None
+
+
+def _configured_tools(cfg) -> bool:
+    return bool(cfg.tools.config or cfg.tools.services or cfg.tools.builtin or cfg.tools.functions)
+
+
+def _check_rollout(args: argparse.Namespace, cfg, tasks: list, models: list[tuple[str, Path]]) -> None:
+    """What a rollout needs, checked before any model loads: model dirs, sampling settings, reward specs and
+    the tools the tasks name (tool services are asked for their tool lists). Raises PreflightError."""
+    import asyncio
+
+    from agentrl.evaluation.run import default_tools, resolve_temperature
+    from agentrl.preflight import (TaskRows, check_model_dir, check_rewards, check_task_tools, raise_problems,
+                                   served_tools)
+
+    problems = [line for what, path in models for line in check_model_dir(str(path), what)]
+    try:
+        resolve_temperature(args.temperature, args.n)
+    except ValueError as e:
+        problems.append(f"--temperature: {e}")
+    too_big = [k for k in args.k or [] if k > args.n]
+    if too_big:
+        problems.append(f"--k {' '.join(map(str, too_big))}: pass@k needs k <= --n ({args.n} samples per task)")
+    files = [TaskRows(_tasks_source(args), list(enumerate(tasks, start=1)))]
+    problems += check_rewards(files, cfg.reward, sandbox_key="reward.sandbox_url (--sandbox-url)")
+    if args.tools_config or _configured_tools(cfg):
+        served, tool_problems = served_tools(args.tools_config or cfg.tools,
+                                             "--tools-config" if args.tools_config else "tools")
+        problems += tool_problems
+        if served is not None:
+            problems += check_task_tools(files, served)
+    else:  # the tasks' built-in tools, in-process or served by --serve-tools
+        try:
+            registry = default_tools(tasks, sandbox_url=cfg.reward.sandbox_url)
+        except ValueError as e:  # a tool that is not built in, tools: null, python without a sandbox
+            problems.append(str(e))
+        else:
+            if registry is not None:
+                asyncio.run(registry.aclose())
+    raise_problems(problems)
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from agentrl.evaluation.run import EVAL_MD, compare_markdown, load_eval, model_label, suite_tasks, unique_names
+    from agentrl.evaluation.run import EVAL_MD, compare_markdown, load_eval, model_label, unique_names
 
     model = Path(args.model)
     compare = Path(args.compare) if args.compare else None
     for what, path in (("--model", model), ("--compare", compare)):
-        if path is not None and not (_is_model_dir(path) or _is_eval_dir(path)):
-            raise SystemExit(f"{what} {path}: neither a model directory (config.json) nor a finished evaluation "
-                             f"(eval.json); build a model with `agentrl init-model` or run `agentrl eval` first")
+        if path is None or _is_model_dir(path) or _is_eval_dir(path):
+            continue
+        if not path.exists():
+            raise EvalArgumentError(f"{what} {path} does not exist; pass a model directory (e.g. a run's "
+                                    "final_model, or one built with `agentrl init-model`) or a finished evaluation")
+        raise EvalArgumentError(f"{what} {path}: neither a model directory (config.json) nor a finished evaluation "
+                                "(eval.json); build a model with `agentrl init-model` or run `agentrl eval` first")
     if _is_eval_dir(model) and compare is None:
-        raise SystemExit(f"--model {model} is a finished evaluation: add --compare RUN_DIR_OR_MODEL, or pass a model")
+        raise EvalArgumentError(f"--model {model} is a finished evaluation: add --compare RUN_DIR_OR_MODEL, or pass "
+                                "a model")
     needs_rollout = _is_model_dir(model) or (compare is not None and _is_model_dir(compare))
     if needs_rollout and not args.suite:
-        raise SystemExit("--suite NAME|FILE.jsonl is required to evaluate a model (e.g. --suite calc)")
+        raise EvalArgumentError("--suite NAME|FILE.jsonl is required to evaluate a model (e.g. --suite calc)")
 
     name = args.name or model_label(model)
     out = Path(args.out) if args.out else (model if _is_eval_dir(model) else Path("runs") / f"eval-{name}")
     compare_label = args.compare_name or (model_label(compare) if compare is not None else "")
     compare_out = out / f"compare-{compare_label.replace('/', '-')}"
-    cfg = _load_config(args) if needs_rollout else None
-    # generated tasks are written beside the first model's results (never into a finished evaluation's dir)
-    tasks = suite_tasks(args.suite, split=args.split, num_tasks=args.num_tasks, seed=args.suite_seed,
-                        out_dir=out if _is_model_dir(model) else compare_out) if needs_rollout else None
+    cfg = tasks = None
+    if needs_rollout:
+        cfg = _load_config(args)
+        # generated tasks are written beside the first model's results (never into a finished evaluation's dir)
+        tasks = _tasks(args, out if _is_model_dir(model) else compare_out)
+        _check_rollout(args, cfg, tasks, [(what, path) for what, path in (("--model", model), ("--compare", compare))
+                                          if path is not None and _is_model_dir(path)])
 
     first = _evaluate_model(args, cfg, tasks, model, out, args.name) if _is_model_dir(model) else load_eval(model)
     if args.name:
@@ -229,4 +292,4 @@ def add_commands(subparsers) -> None:
                    help="a second model (evaluated with the same tasks and settings) or a finished evaluation; "
                         "writes compare.md with both side by side")
     p.add_argument("--compare-name", default=None, help="column name of the compared model")
-    p.set_defaults(func=_eval)
+    p.set_defaults(func=_run_eval)

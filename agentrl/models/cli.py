@@ -24,6 +24,9 @@ def add_commands(subparsers) -> None:
 
 
 def _init_model(args: argparse.Namespace) -> int:
+    from agentrl.preflight import check_output_path
+
+    check_output_path(args.out, "init-model OUT", directory=True)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.models.tiny import CONTROL_TOKENS, SPECIAL_TOKENS, build_tiny_model, count_parameters

@@ -1,8 +1,11 @@
 """`agentrl train CONFIG [key.path=value ...]`: run GRPO training from a YAML config plus dotted overrides.
 
-    agentrl train configs/tiny-cpu.yaml trainer.total_steps=5 actor.lr=1e-5
-    agentrl train configs/tiny-cpu.yaml --print-config          # resolved config, no training
+    agentrl train configs/calc_tiny_cpu.yaml trainer.total_steps=5 actor.lr=1e-5
+    agentrl train configs/calc_tiny_cpu.yaml --print-config     # resolved config, no training
+    agentrl train configs/calc_tiny_cpu.yaml --check            # check model, data, rewards, tools; no training
 
+Before Ray starts, the model directory, every row of the data files, the reward specs, the tools the tasks name
+(tool services are asked for their tool lists) and the loggers' packages are checked; each problem is one line.
 The resolved config is written to `trainer.run_dir/config.yaml`; metrics go to `run_dir/metrics.jsonl`.
 Running the same command again resumes from the latest complete checkpoint (`trainer.resume: auto`).
 """
@@ -10,22 +13,25 @@ Running the same command again resumes from the latest complete checkpoint (`tra
 from __future__ import annotations
 
 import argparse
-import sys
+
+# What each field of the console line means; shown after the options in `agentrl train --help`.
+CONSOLE_FIELDS_EPILOG: str | None = None
 
 
 def _train(args: argparse.Namespace) -> int:
     import yaml
 
-    from agentrl.config import ConfigError, load_config, to_dict
+    from agentrl.config import load_config, to_dict
+    from agentrl.preflight import check_train
     from agentrl.trainer.config import TrainConfig
 
-    try:
-        cfg = load_config(TrainConfig, args.config, args.overrides)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(TrainConfig, args.config, args.overrides)
     if args.print_config:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
+    check_train(cfg)
+    if args.check:
+        print(f"ok: {args.config} is ready to train (model, data, rewards, tools, loggers checked)")
         return 0
     from agentrl.trainer.loop import train
 
@@ -37,11 +43,14 @@ def _train(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers) -> None:
     p = subparsers.add_parser("train", help="GRPO training of a tool-using agent (Ray + FSDP2)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", help="YAML training config (see configs/)")
+                              description=__doc__, epilog=CONSOLE_FIELDS_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="YAML training config, e.g. configs/calc_tiny_cpu.yaml or examples/calc/config.yaml")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.lr=1e-6 trainer.total_steps=20")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--check", action="store_true",
+                   help="run the checks done before training (model, data rows, rewards, tools, loggers) and exit")
     p.set_defaults(func=_train)
 
 
-__all__ = ["add_commands"]
+__all__ = ["CONSOLE_FIELDS_EPILOG", "add_commands"]

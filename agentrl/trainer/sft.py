@@ -6,7 +6,8 @@ included) and its end-of-turn token. System, user and tool tokens, the generatio
 (`<|im_start|>assistant\\n`) and the glue after the end-of-turn token (Qwen's `\\n`) get 0, as they get
 response_mask = 0 in RL.
 
-    agentrl sft configs/sft_tiny_cpu.yaml data.train_files=[demos.jsonl] model.path=runs/m
+    agentrl sft configs/sft/tiny_cpu.yaml data.train_files=[demos.jsonl] model.path=runs/m
+    agentrl sft configs/sft/tiny_cpu.yaml ... --check     # check the model and every demo row; no training
 
 Demonstration rows (JSONL): {"messages": [OpenAI messages], "tools": [OpenAI function schemas] | null}
 (`agentrl data demos SUITE OUT.jsonl` writes them).
@@ -213,16 +214,21 @@ def run_sft(cfg: SFTConfig) -> dict:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="supervised fine-tuning on tool-use transcripts (cold start), same masking as RL")
-    p.add_argument("config", help="YAML file (see configs/sft_tiny_cpu.yaml)")
+    p.add_argument("config", help="YAML file, e.g. configs/sft/tiny_cpu.yaml")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.max_steps=50 actor.lr=1e-3")
+    p.add_argument("--check", action="store_true",
+                   help="check the model directory and every demonstration row, then exit without training")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     from agentrl.config import load_config
+    from agentrl.preflight import check_sft
 
     cfg = load_config(SFTConfig, args.config, args.overrides)
-    if not cfg.model.path:
-        raise SystemExit("sft: set model.path (an HF model dir, e.g. from `agentrl init-model`)")
+    check_sft(cfg)
+    if args.check:
+        print(f"ok: {args.config} is ready for SFT (model and demonstration rows checked)")
+        return 0
     run_sft(cfg)
     return 0
