@@ -21,7 +21,7 @@ from agentrl.errors import UserError, one_line
 from agentrl.types import Task
 
 MAX_LINES = 3  # problems shown per file and check; the rest are counted in one more line
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # trainer.loggers name -> package it imports
 
@@ -82,7 +82,7 @@ def check_model_dir(path: str, key: str, *, tokenizer_path: str | None = None,
     if not tok.is_dir():
         problems.append(f"{tok_key}: tokenizer directory {tok} does not exist")
     elif not any((tok / name).is_file() for name in TOKENIZER_FILES):
-        problems.append(f"{tok_key}: {tok} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); save one there "
+        problems.append(f"{tok_key}: {tok} has no tokenizer file (any of {', '.join(TOKENIZER_FILES)}); save one there "
                         "with tokenizer.save_pretrained or set model.tokenizer_path")
     return problems
 

@@ -189,6 +189,7 @@ def _check_rollout(args: argparse.Namespace, cfg, tasks: list, models: list[tupl
 
 def _run_eval(args: argparse.Namespace) -> int:
     from agentrl.evaluation.run import EVAL_MD, compare_markdown, load_eval, model_label, unique_names
+    from agentrl.preflight import check_output_path
 
     model = Path(args.model)
     compare = Path(args.compare) if args.compare else None
@@ -211,6 +212,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (model if _is_eval_dir(model) else Path("runs") / f"eval-{name}")
     compare_label = args.compare_name or (model_label(compare) if compare is not None else "")
     compare_out = out / f"compare-{compare_label.replace('/', '-')}"
+    check_output_path(out, "--out", directory=True)
     cfg = tasks = None
     if needs_rollout:
         cfg = _load_config(args)

@@ -186,6 +186,12 @@ def test_eval_dead_tool_service(capsys, tmp_path):
                    f"127.0.0.1:{ports[0]}", "services[0].url")
 
 
+def test_eval_out_is_a_file(capsys, tmp_path):
+    (tmp_path / "f").write_text("")
+    user_error(capsys, ["eval", "--model", str(fake_model_dir(tmp_path / "m")), "--suite", "calc",
+                        "--out", str(tmp_path / "f")], "--out", "exists and is a file")
+
+
 def test_eval_sampling_settings(capsys, tmp_path):
     user_error(capsys, ["eval", "--model", str(fake_model_dir(tmp_path / "m")), "--suite", "calc", "--num-tasks", "2",
                         "--out", str(tmp_path / "out"), "--n", "2", "--temperature", "0", "--k", "4"],
