@@ -73,6 +73,18 @@ def test_train_reports_model_and_data_problems_in_one_pass(capsys, tmp_path):
     assert "data.val_files" in got[2] and "v.jsonl does not exist" in got[2]
 
 
+def test_train_without_data_files(capsys, tmp_path):
+    user_error(capsys, ["train", CONFIG, f"model.path={fake_model_dir(tmp_path / 'm')}", "data.train_files=[]",
+                        "data.val_files=[]"], "data.train_files is empty")
+
+
+def test_train_tools_section_that_cannot_be_built(capsys, tmp_path):
+    train = verl_parquet(tmp_path / "train.parquet", "calculator")
+    user_error(capsys, ["train", CONFIG, f"model.path={fake_model_dir(tmp_path / 'm')}", f"data.train_files=[{train}]",
+                        "data.val_files=[]", "tools.functions=[no_such_module:fn]"],
+               "tools: ", "no_such_module")
+
+
 def test_train_names_file_row_and_field_of_a_bad_row(capsys, tmp_path):
     model = fake_model_dir(tmp_path / "m")
     data = tmp_path / "t.jsonl"
@@ -160,6 +172,11 @@ def test_eval_missing_model(capsys, tmp_path):
 def test_eval_not_a_model_dir(capsys, tmp_path):
     user_error(capsys, ["eval", "--model", str(tmp_path), "--suite", "calc"], "neither a model directory",
                "agentrl init-model")
+
+
+def test_eval_finished_evaluation_needs_compare(capsys, tmp_path):
+    (tmp_path / "eval.json").write_text("{}")
+    user_error(capsys, ["eval", "--model", str(tmp_path)], "is a finished evaluation", "--compare")
 
 
 def test_eval_needs_a_suite(capsys, tmp_path):
