@@ -62,6 +62,18 @@ class ChatTemplate:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
+    def assistant_text(self, messages: list[dict], message: dict) -> str | None:
+        """The text the template writes for the assistant `message` after `messages`: what lies between the
+        generation prompt and the end-of-turn marker. None when it cannot be isolated (the template rewrites
+        earlier turns when the message is added)."""
+        before = self.render(messages, add_generation_prompt=True)
+        after = self.render([*messages, message])
+        if not after.startswith(before):
+            return None
+        body = after[len(before):]
+        end = body.find(self.end_of_turn)
+        return body[:end] if end >= 0 else None
+
     # --- the tokens between model turns ---
 
     def delta_ids(self, messages: list[dict], new_messages: list[dict]) -> Delta:

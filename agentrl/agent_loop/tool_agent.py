@@ -186,12 +186,7 @@ class ToolAgentLoop:
             parsed = self.parser.parse(text)
             for i, call in enumerate(parsed.calls):
                 call.call_id = f"call_{turn}_{i}"  # unique within the episode
-            good = [c for c in parsed.calls if c.error is None]
-            message: dict = {"role": "assistant", "content": parsed.content}
-            if good:
-                message["tool_calls"] = [{"id": c.call_id, "type": "function",
-                                          "function": {"name": c.name, "arguments": c.arguments}} for c in good]
-            state.messages.append(message)
+            state.messages.append(self._assistant_message(template, state, parsed, text, gen.token_ids[:-1]))
             if not parsed.calls:
                 state.finish("stop", "final_answer")
                 return
@@ -213,6 +208,30 @@ class ToolAgentLoop:
                 return
             state.messages.extend(observations)
             state.add_glue(delta.ids)
+
+    def _assistant_message(self, template: ChatTemplate, state: _State, parsed, text: str,
+                           sampled_ids: list[int]) -> dict:
+        """The transcript message of a turn that ended with the end-of-turn token, written so that the template
+        renders it back to the sampled text.
+
+        Well-formed calls become OpenAI `tool_calls`, which the template re-renders in its own canonical form
+        (e.g. Qwen2.5: `\\n<tool_call>\\n{"name": ..., "arguments": <json>}\\n</tool_call>`). When the model wrote a
+        call the template would render differently (other whitespace, key order or JSON spacing), the calls still
+        run, but the message keeps the turn's text verbatim as `content` without `tool_calls`, as it does for
+        malformed blocks: the transcript then renders to exactly the sampled text (counted as
+        `noncanonical_call_turns`). A turn whose ids are not the tokenizer's own encoding of its text cannot be
+        reproduced by any transcript; it is counted as `noncanonical_token_turns`."""
+        good = [c for c in parsed.calls if c.error is None]
+        message: dict = {"role": "assistant", "content": parsed.content}
+        if good:
+            message["tool_calls"] = [{"id": c.call_id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in good]
+            if template.assistant_text(state.messages, message) != text:
+                message = {"role": "assistant", "content": text}
+                state.count("noncanonical_call_turns")
+        if template.encode(text) != list(sampled_ids):
+            state.count("noncanonical_token_turns")
+        return message
 
     def _turn_budget(self, state: _State) -> tuple[int, str]:
         """(tokens the next turn may sample, the limit that binds): per-turn cap, response budget, context."""

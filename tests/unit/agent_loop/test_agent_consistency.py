@@ -128,3 +128,50 @@ async def test_thinking_and_calls_written_while_thinking_are_consistent(tokenize
     assert [c["name"] for c in episode.tool_calls] == ["add"]  # the call inside <think> did not run
     assert episode.finish_reason == "stop"
     assert_consistent(episode, engine, tokenizer, registry.schemas(["add", "echo", "repeat"]))
+
+
+# Calls a model can sample that the parser accepts but the template re-renders differently. The first is the
+# output that broke tests/integration/agent_loop/test_agent_loop_e2e.py: an extra "\n" before </tool_call>, so at
+# that position the episode held "\n" where re-rendering the transcript gave </tool_call>.
+NONCANONICAL_TURNS = {
+    "extra_newline_before_close": 'Checking.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n\n</tool_call>',
+    "compact_json": 'Checking.\n<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>',
+    "arguments_first": 'Checking.\n<tool_call>\n{"arguments": {"a": 1, "b": 2}, "name": "add"}\n</tool_call>',
+    "text_after_call": 'Checking.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> Done?',
+    "no_newline_before_open": 'Checking.<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NONCANONICAL_TURNS))
+async def test_noncanonical_call_runs_and_transcript_renders_the_sampled_text(kind, tokenizer, registry):
+    script = [NONCANONICAL_TURNS[kind], model_turn("", [("add", {"a": 3, "b": 4})]), "<answer>7</answer>"]
+    episode, engine = await _run(tokenizer, registry, script)
+    assert [(c["name"], c["ok"]) for c in episode.tool_calls] == [("add", True), ("add", True)]
+    assert [m["content"] for m in episode.messages if m["role"] == "tool"] == ["3", "7"]
+    first = episode.messages[len(QUESTION)]
+    assert first == {"role": "assistant", "content": NONCANONICAL_TURNS[kind]}  # verbatim, so it renders back
+    assert episode.messages[len(QUESTION) + 2]["tool_calls"]  # the canonical second call stays structured
+    assert episode.metrics["noncanonical_call_turns"] == 1
+    assert "noncanonical_token_turns" not in episode.metrics
+    assert_consistent(episode, engine, tokenizer, registry.schemas(["add", "echo", "repeat"]))
+
+
+async def test_canonical_turns_are_not_counted(tokenizer, registry):
+    script = [model_turn("Checking.", [("add", {"a": 1, "b": 2})]), "<answer>3</answer>"]
+    episode, _ = await _run(tokenizer, registry, script)
+    assert "noncanonical_call_turns" not in episode.metrics and "noncanonical_token_turns" not in episode.metrics
+
+
+async def test_noncanonical_token_split_is_counted(tiny_tokenizer, registry):
+    """Ids that are not the tokenizer's encoding of their own text (a sampled split BPE would merge) cannot be
+    re-rendered by any transcript; the episode says so instead of claiming consistency."""
+    from agentrl.types import Generation
+
+    def split_turn(input_ids, params):
+        text = model_turn("Checking.", [("add", {"a": 1, "b": 2})])
+        ids = [i for ch in text for i in tiny_tokenizer.encode(ch, add_special_tokens=False)]
+        ids.append(tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
+
+    episode, _ = await _run(tiny_tokenizer, registry, [split_turn, "<answer>3</answer>"])
+    assert episode.tool_calls[0]["ok"] and episode.metrics["noncanonical_token_turns"] == 1
