@@ -32,6 +32,13 @@ class Task:
 
 @dataclass
 class SamplingParams:
+    """How one turn is sampled (SGLang's sampling_params of the same names; `seed` is its `sampling_seed`).
+
+    `ignore_eos`: do not stop at the model's EOS tokens nor at `stop_token_ids` (stop strings still stop), as
+    SGLang. `min_new_tokens`: until that many tokens were generated, EOS and `stop_token_ids` are masked out of
+    the distribution (the logprobs are those of the masked distribution the token was drawn from).
+    """
+
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -39,6 +46,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -49,6 +58,9 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"SamplingParams.min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                             f"got {self.min_new_tokens}")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from agentrl.errors import UserError
 from agentrl.types import Generation, SamplingParams
 
 
@@ -28,6 +29,10 @@ class EngineError(RuntimeError):
 
 class PromptTooLongError(EngineError):
     """The prompt does not fit the context window (`max_model_len`); shorten it or raise the limit."""
+
+
+class ModelNotFoundError(UserError, FileNotFoundError):
+    """The model path is not a Hugging Face model directory (no config.json)."""
 
 
 @runtime_checkable
@@ -50,4 +55,4 @@ class Engine(Protocol):
         ...
 
 
-__all__ = ["Engine", "EngineError", "PromptTooLongError"]
+__all__ = ["Engine", "EngineError", "ModelNotFoundError", "PromptTooLongError"]

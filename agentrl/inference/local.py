@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 import torch
 
-from agentrl.inference.base import EngineError, PromptTooLongError
+from agentrl.inference.base import EngineError, ModelNotFoundError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.kv_batch import PaddedKVBatch, RowKV
 from agentrl.inference.prefill import LastLayerTrim, plan_groups, prefill_padded, prefill_with_prefix
@@ -57,7 +57,8 @@ class _Request:
     prompt: list[int]
     params: SamplingParams
     max_new: int  # max_new_tokens clamped so prompt + output fits max_model_len
-    stop_ids: frozenset[int]
+    stop_ids: frozenset[int]  # ids that end the request (none with ignore_eos)
+    min_ids: frozenset[int]  # ids masked while fewer than min_new_tokens were generated
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     generator: torch.Generator | None
@@ -134,8 +135,8 @@ class LocalEngine:
         config = config or EngineConfig()
         path = Path(path)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); "
-                                    f"build one with `agentrl init-model` or pass a downloaded model dir")
+            raise ModelNotFoundError(f"{path} is not a Hugging Face model directory (no config.json): "
+                                     f"build one with `agentrl init-model` or pass a downloaded model dir")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype]).to(config.device)
         return cls(model, tokenizer, config)
@@ -201,7 +202,9 @@ class LocalEngine:
         return _Request(
             rid=request_id or f"local-{next(self._ids)}",
             prompt=input_ids, params=params, max_new=min(params.max_new_tokens, room),
-            stop_ids=frozenset(params.stop_token_ids) | self.eos_token_ids,
+            # as SGLang: ignore_eos ignores EOS and stop_token_ids alike; min_new_tokens masks both
+            stop_ids=frozenset() if params.ignore_eos else frozenset(params.stop_token_ids) | self.eos_token_ids,
+            min_ids=frozenset(params.stop_token_ids) | self.eos_token_ids,
             loop=loop, future=loop.create_future(),
             generator=make_generator(params.seed) if params.temperature > 0 else None,
             t_submit=time.perf_counter(), length_clamped=params.max_new_tokens > room,
@@ -351,7 +354,7 @@ class LocalEngine:
                 rows[i], logits[i] = group_rows[j], group_logits[j:j + 1]
                 self._count_prefill(len(admitted[i].prompt), 0)
         tokens, logprobs = sample_batch(torch.cat(logits), [r.params for r in admitted],
-                                        [r.generator for r in admitted])
+                                        [r.generator for r in admitted], _banned(admitted))
         joined, joined_rows = [], []
         for r, row, token, logprob in zip(admitted, rows, tokens, logprobs):
             reason = self._append(r, token, logprob)
@@ -386,7 +389,7 @@ class LocalEngine:
         self.stats["max_token_slots"] = max(self.stats["max_token_slots"], self._batch.token_slots())
         logits_B_V = out.logits[:, -1, :].float().cpu()
         tokens, logprobs = sample_batch(logits_B_V, [r.params for r in self._running],
-                                        [r.generator for r in self._running])
+                                        [r.generator for r in self._running], _banned(self._running))
         done = []
         for i, (r, t, lp) in enumerate(zip(self._running, tokens, logprobs)):
             reason = self._append(r, t, lp)
@@ -472,6 +475,11 @@ class LocalEngine:
             self._by_id.clear()
         for r in waiting:
             _post(r, None, error)
+
+
+def _banned(rows: list[_Request]) -> list[frozenset[int] | None]:
+    """Per row, the ids it may not sample now: EOS and stop tokens until min_new_tokens were generated."""
+    return [r.min_ids if len(r.out_ids) < r.params.min_new_tokens else None for r in rows]
 
 
 def _post(r: _Request, result: Any, error: BaseException | None) -> None:

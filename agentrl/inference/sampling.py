@@ -48,14 +48,33 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
+def mask_tokens(logits_B_V: torch.Tensor, banned: list[frozenset[int] | None]) -> torch.Tensor:
+    """A copy of the logits with row i's `banned[i]` ids set to -inf (ids outside the vocabulary are ignored);
+    the logits themselves when nothing is banned."""
+    if not any(banned):
+        return logits_B_V
+    vocab = logits_B_V.shape[-1]
+    out = logits_B_V.clone()
+    for i, ids in enumerate(banned):
+        cols = [t for t in ids or () if 0 <= t < vocab]
+        if cols:
+            out[i, cols] = float("-inf")
+    return out
+
+
 def sample_batch(logits_B_V: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
+                 generators: list[torch.Generator | None],
+                 banned: list[frozenset[int] | None] | None = None) -> tuple[list[int], list[float]]:
     """Pick one token per row. Returns (token ids, their logprobs under log_softmax(logits / T)).
 
     logits_B_V: last-position logits of the batch, any float dtype (computed in fp32).
     params[i] / generators[i]: the row's sampling parameters and private RNG (None for greedy rows).
+    banned[i]: ids row i may not sample now (`min_new_tokens` masks EOS and stop tokens); they are removed from
+    the distribution before sampling, so the logprobs are those of the masked distribution.
     """
     logits_B_V = logits_B_V.float()
+    if banned is not None:
+        logits_B_V = mask_tokens(logits_B_V, banned)
     temps = [effective_temperature(p.temperature) for p in params]
     temps_B = torch.tensor(temps, dtype=torch.float32)
     # dividing by T = 1 is exact, so an all-T=1 batch (greedy rows included) skips a pass over [B, V]
@@ -74,4 +93,5 @@ def sample_batch(logits_B_V: torch.Tensor, params: list[SamplingParams],
     return tokens_B.tolist(), chosen.tolist()
 
 
-__all__ = ["effective_temperature", "scaled_logprobs", "filter_top_k_top_p", "make_generator", "sample_batch"]
+__all__ = ["effective_temperature", "scaled_logprobs", "filter_top_k_top_p", "make_generator", "mask_tokens",
+           "sample_batch"]

@@ -3,8 +3,9 @@
 The routes and JSON shapes follow sglang 0.5.x (`/generate`, `/update_weights_from_disk`, `/flush_cache`,
 `/abort_request`, `/health`, `/health_generate`, `/get_model_info`, `/get_server_info`), so `SGLangEngine` and
 other SGLang clients work against it unchanged and the SGLang code path is exercised end to end on CPU.
-Fields the local engine cannot honour are rejected with HTTP 400 naming the field; there is no prefix cache
-(`cached_tokens` is always 0) and no streaming.
+Every SGLang sampling parameter is honoured (`ignore_eos` and `min_new_tokens` included) or, where the local
+engine cannot honour its value, rejected with HTTP 400 naming the field (`wire.sampling_params_from_wire`);
+there is no prefix cache (`cached_tokens` is always 0) and no streaming.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class _Server:
             bad = next((t for t in seq if not 0 <= t < self.engine.vocab_size), None)
             if bad is not None:
                 raise WireError(f"{where}token id {bad} is outside the vocabulary [0, {self.engine.vocab_size})")
-        parsed = [sampling_params_from_wire(sp) for sp in sps]
+        parsed = [sampling_params_from_wire(sp, max_new_tokens_default=self.engine.max_model_len) for sp in sps]
         with_text = bool(body.get("return_text_in_logprobs", False))
         items = await asyncio.gather(*[self._one(seq, p, opts, bool(ret), str(r), with_text)
                                        for seq, (p, opts), ret, r in zip(seqs, parsed, rets, rids)])
@@ -124,7 +125,8 @@ class _Server:
         text_ids = gen.token_ids
         if gen.finish_reason == "stop" and not text_opts["no_stop_trim"] and isinstance(matched, int):
             text_ids = text_ids[:-1]
-        text = tok.decode(text_ids, skip_special_tokens=text_opts["skip_special_tokens"]) if tok else ""
+        text = tok.decode(text_ids, skip_special_tokens=text_opts["skip_special_tokens"],
+                          spaces_between_special_tokens=text_opts["spaces_between_special_tokens"]) if tok else ""
         if gen.finish_reason == "stop" and not text_opts["no_stop_trim"] and isinstance(matched, str):
             text = text[:text.find(matched)] if matched in text else text
         meta = {

@@ -3,8 +3,9 @@
 Client side: `sampling_params_to_wire` sends every sampling value explicitly (SGLang 0.5.23 fills omitted ones
 from the model's generation_config.json) with `skip_special_tokens=false` and `no_stop_trim=true`;
 `generation_from_wire` reads `output_ids` + `meta_info.output_token_logprobs` back into a `Generation`.
-Server side: `sampling_params_from_wire` accepts SGLang's fields and rejects, by name, the ones the local engine
-cannot honour (a non-neutral penalty, `min_p`, `n > 1`, constrained decoding, ...).
+Server side: `sampling_params_from_wire` honours SGLang's fields (`ignore_eos` and `min_new_tokens` included)
+and rejects, by name, the ones the local engine cannot honour (a non-neutral penalty, `min_p`, `n > 1`,
+`stop_regex`, constrained decoding, ...).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ def sampling_params_to_wire(params: SamplingParams) -> dict[str, Any]:
         "repetition_penalty": 1.0,
         "frequency_penalty": 0.0,
         "presence_penalty": 0.0,
-        "min_new_tokens": 0,
-        "ignore_eos": False,
+        "min_new_tokens": params.min_new_tokens,
+        "ignore_eos": params.ignore_eos,
         "stop": list(params.stop),
         "stop_token_ids": list(params.stop_token_ids),
         "skip_special_tokens": False,
@@ -41,47 +42,63 @@ def sampling_params_to_wire(params: SamplingParams) -> dict[str, Any]:
     return out
 
 
+# SGLang's sampling_params (sglang `srt/sampling/sampling_params.py`), each honoured or refused by name.
 # field -> the only value the local engine can honour (anything else is rejected with a clear message)
 _NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-            "min_new_tokens": 0, "ignore_eos": False, "n": 1, "json_schema": None, "regex": None, "ebnf": None,
-            "structural_tag": None, "logit_bias": None, "custom_params": None, "stream_interval": None}
-# accepted and used by the server (text rendering) or harmless
-_TEXT_FIELDS = ("skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
-_ENGINE_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed")
+            "n": 1, "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
+            "logit_bias": None, "custom_params": None, "stream_interval": None}
+# honoured: by the engine (SamplingParams) or by the server when it renders the text
+_ENGINE_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed",
+                  "ignore_eos", "min_new_tokens")
+_TEXT_FIELDS = {"skip_special_tokens": True, "no_stop_trim": False, "spaces_between_special_tokens": True}
 
 
-def sampling_params_from_wire(d: dict | None) -> tuple[SamplingParams, dict[str, bool]]:
-    """SGLang sampling_params -> (SamplingParams, text options {skip_special_tokens, no_stop_trim})."""
+def sampling_params_from_wire(d: dict | None, *, max_new_tokens_default: int = 128,
+                              ) -> tuple[SamplingParams, dict[str, bool]]:
+    """SGLang sampling_params -> (SamplingParams, text options {skip_special_tokens, no_stop_trim,
+    spaces_between_special_tokens}).
+
+    A null value means the field's default, as in SGLang; `max_new_tokens: null` means "until the context is
+    full" (`max_new_tokens_default`, the server's context length). Raises WireError naming a field the engine
+    cannot honour or a value of the wrong type.
+    """
     if d is not None and not isinstance(d, dict):
         raise WireError(f"sampling_params must be an object, got {type(d).__name__}")
-    d = dict(d or {})
+    given = dict(d or {})
     known = set(_NEUTRAL) | set(_TEXT_FIELDS) | set(_ENGINE_FIELDS)
-    unknown = sorted(k for k in d if k not in known)
+    unknown = sorted(k for k in given if k not in known)
     if unknown:
-        raise WireError(f"sampling_params fields {unknown} are not supported by agentrl engine serve "
-                        f"(supported: {sorted(known)})")
+        raise WireError(f"sampling_params fields {unknown} are not SGLang sampling parameters "
+                        f"(known: {sorted(known)})")
     for key, neutral in _NEUTRAL.items():
-        if key in d and d[key] is not None and d[key] != neutral:
-            raise WireError(f"sampling_params.{key}={d[key]!r} is not supported by agentrl engine serve "
+        if given.get(key) is not None and given[key] != neutral:
+            raise WireError(f"sampling_params.{key}={given[key]!r} is not supported by agentrl engine serve "
                             f"(only {neutral!r}); use a real SGLang server for it")
+    d = {k: v for k, v in given.items() if v is not None}
+    for key in ("ignore_eos", *_TEXT_FIELDS):
+        if key in d and not isinstance(d[key], bool):
+            raise WireError(f"sampling_params.{key} must be true or false, got {d[key]!r}")
+    for key in ("max_new_tokens", "min_new_tokens", "top_k", "sampling_seed"):
+        if key in d and (isinstance(d[key], bool) or not isinstance(d[key], int)):
+            raise WireError(f"sampling_params.{key} must be an integer, got {d[key]!r}")
     stop = d.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
     try:
         params = SamplingParams(
-            max_new_tokens=int(d.get("max_new_tokens", 128)),
+            max_new_tokens=d.get("max_new_tokens", max_new_tokens_default),
             temperature=float(d.get("temperature", 1.0)),
             top_p=float(d.get("top_p", 1.0)),
-            top_k=int(d.get("top_k", -1)),
+            top_k=d.get("top_k", -1),
             stop_token_ids=[int(t) for t in d.get("stop_token_ids") or []],
             stop=[str(s) for s in stop],
-            seed=None if d.get("sampling_seed") is None else int(d["sampling_seed"]),
+            seed=d.get("sampling_seed"),
+            ignore_eos=d.get("ignore_eos", False),
+            min_new_tokens=d.get("min_new_tokens", 0),
         )
     except (TypeError, ValueError) as e:
         raise WireError(f"bad sampling_params: {e}") from None
-    text_options = {"skip_special_tokens": bool(d.get("skip_special_tokens", True)),
-                    "no_stop_trim": bool(d.get("no_stop_trim", False))}
-    return params, text_options
+    return params, {key: d.get(key, default) for key, default in _TEXT_FIELDS.items()}
 
 
 def finish_reason_to_wire(reason: str, matched: int | str | None, completion_tokens: int,

@@ -110,6 +110,36 @@ async def test_batch_request_and_error_shapes(server):
         assert r.status_code == 400 and "not supported" in r.json()["error"]["message"]
 
 
+async def test_ignore_eos_and_min_new_tokens_are_honoured(server):
+    eng = _client(server)
+    prompt = [21, 22, 23, 24, 25, 26]
+    free = await eng.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0))
+    stop = free.token_ids[0]
+    stopped = await eng.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=[stop]))
+    assert stopped.finish_reason == "stop" and stopped.token_ids == [stop]
+    # the client forwards both fields; the server runs past the stop token / masks it (as SGLang)
+    ignored = await eng.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=[stop],
+                                                        ignore_eos=True))
+    assert ignored.finish_reason == "length" and ignored.token_ids == free.token_ids
+    at_least = await eng.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=[stop],
+                                                         min_new_tokens=5))
+    assert len(at_least.token_ids) >= 5 and stop not in at_least.token_ids[:5]
+    await eng.close()
+    async with httpx.AsyncClient(base_url=server, timeout=60) as http:
+        # max_new_tokens null: until the context (max_model_len 256) is full, as SGLang
+        r = await http.post("/generate", json={"input_ids": [7] * 250, "sampling_params": {
+            "max_new_tokens": None, "temperature": 0, "ignore_eos": True, "min_p": 0.0, "n": 1, "stop_regex": None}})
+        assert r.status_code == 200 and len(r.json()["output_ids"]) == 6
+        for sampling_params, field in [({"min_new_tokens": 8, "max_new_tokens": 4}, "min_new_tokens"),
+                                       ({"ignore_eos": "yes"}, "ignore_eos"),
+                                       ({"stop_regex": "\\d+"}, "stop_regex"),
+                                       ({"logit_bias": {"5": 2.0}}, "logit_bias"),
+                                       ({"n": 2}, "n"),
+                                       ({"no_such_param": 1}, "no_such_param")]:
+            r = await http.post("/generate", json={"input_ids": [1, 2], "sampling_params": sampling_params})
+            assert r.status_code == 400 and field in r.json()["error"]["message"], (sampling_params, r.text)
+
+
 async def test_update_weights_from_disk_changes_outputs(server, model, tmp_path):
     eng = _client(server)
     prompt = list(range(20, 40))

@@ -64,3 +64,22 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent():
     # uniform over 1000 tokens: every logprob is -log(1000)
     _, lp = sample_batch(logits, p, [make_generator(1)])
     assert math.isclose(lp[0], -math.log(1000), rel_tol=1e-5)
+
+
+def test_banned_tokens_leave_the_distribution_greedy_and_sampled():
+    logits = _logits(3)
+    top = logits.argmax(-1).tolist()
+    banned = [frozenset({top[0]}), None, frozenset({top[2], 10_000}), frozenset()]  # ids past the vocab: ignored
+    params = [SamplingParams(max_new_tokens=2, temperature=0.0)] * 3 + [SamplingParams(max_new_tokens=2, seed=0)]
+    tokens, logprobs = sample_batch(logits, params, [None, None, None, make_generator(0)], banned)
+    masked = logits.clone()
+    masked[0, top[0]] = masked[2, top[2]] = float("-inf")
+    assert tokens[:3] == masked[:3].argmax(-1).tolist() and tokens[0] != top[0] and tokens[1] == top[1]
+    expected = logprobs_from_logits(masked[:3], torch.tensor(tokens[:3]), temperature=1.0)
+    assert torch.allclose(torch.tensor(logprobs[:3]), expected, atol=1e-6)  # the masked distribution's logprobs
+    assert math.isfinite(logprobs[3])
+    assert sample_batch(logits, params, [None] * 3 + [make_generator(0)], [None] * 4) == \
+        sample_batch(logits, params, [None] * 3 + [make_generator(0)])  # nothing banned: unchanged
+    sampled = [sample_batch(logits[:1], [SamplingParams(max_new_tokens=2, seed=s)], [make_generator(s)],
+                            [frozenset(range(0, 50, 2))])[0][0] for s in range(50)]
+    assert all(t % 2 == 1 for t in sampled)  # a banned id is never drawn

@@ -109,6 +109,47 @@ async def test_eos_from_generation_config_stops(engine):
     assert g.finish_reason == "stop" and g.token_ids == free.token_ids[:free.token_ids.index(eos_tok) + 1]
 
 
+async def test_ignore_eos_and_min_new_tokens(engine):
+    prompt = _prompts(1, seed=6)[0]
+    free = await engine.generate(prompt, SamplingParams(max_new_tokens=20, temperature=0))
+    stop_tok = free.token_ids[0]
+    # ignore_eos ignores stop_token_ids too (as SGLang): the turn runs to max_new_tokens on the same tokens
+    ignored = await engine.generate(prompt, SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True,
+                                                           stop_token_ids=[stop_tok]))
+    assert ignored.finish_reason == "length" and ignored.token_ids == free.token_ids
+    model = copy.deepcopy(engine.model)
+    model.generation_config.eos_token_id = [stop_tok]  # the model's first greedy token is now its EOS
+    eng2 = LocalEngine(model, engine.tokenizer, EngineConfig(max_batch_size=2))
+    try:
+        stops = await eng2.generate(prompt, SamplingParams(max_new_tokens=20, temperature=0))
+        runs_on = await eng2.generate(prompt, SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True))
+        at_least = await eng2.generate(prompt, SamplingParams(max_new_tokens=20, temperature=0, min_new_tokens=3))
+    finally:
+        await eng2.close()
+    assert stops.finish_reason == "stop" and stops.token_ids == [stop_tok]
+    assert runs_on.finish_reason == "length" and runs_on.token_ids == free.token_ids
+    # min_new_tokens: EOS is masked out of the first 3 positions; greedy takes the best other token there
+    assert len(at_least.token_ids) >= 3 and stop_tok not in at_least.token_ids[:3]
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt + at_least.token_ids])).logits[0, len(prompt) - 1:-1].float()
+    masked = logits[:3].clone()
+    masked[:, sorted(eng2.eos_token_ids)] = float("-inf")  # generation_config's EOS and the tokenizer's
+    assert at_least.token_ids[:3] == masked.argmax(-1).tolist()
+    expected = torch.log_softmax(masked, -1).gather(1, torch.tensor(at_least.token_ids[:3])[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(at_least.logprobs[:3]), expected, atol=1e-4)  # the masked distribution's
+    with pytest.raises(ValueError, match="min_new_tokens must be in"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=5)
+
+
+async def test_stop_strings_still_stop_with_ignore_eos(engine):
+    tok = engine.tokenizer
+    prompt = tok.encode("The answer to the question is")
+    free = await engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0))
+    stop = tok.decode(free.token_ids[2:4], skip_special_tokens=False)
+    g = await engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0, stop=[stop], ignore_eos=True))
+    assert g.finish_reason == "stop" and g.metrics["matched_stop"] == stop and len(g.token_ids) < 12
+
+
 async def test_stop_string_checked_on_decoded_text(engine):
     tok = engine.tokenizer
     prompt = tok.encode("The answer to the question is")
