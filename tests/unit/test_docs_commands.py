@@ -135,17 +135,23 @@ def parsed_only_reason(argv: list[str]) -> str | None:
     return None
 
 
-def run_in_process(argv: list[str]) -> str:
-    """`agentrl ARGV` in this process; returns its stdout, fails with its output's tail unless it exits 0."""
+def call_main(argv: list[str]) -> tuple[int, str, str]:
+    """`agentrl ARGV` in this process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(argv)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_in_process(argv: list[str]) -> str:
+    """`agentrl ARGV` in this process; returns its stdout, fails with its output's tail unless it exits 0."""
+    code, out, err = call_main(argv)
     if code != 0:
-        raise AssertionError(f"exit {code}:\n{(out.getvalue() + err.getvalue())[-3000:]}")
-    return out.getvalue()
+        raise AssertionError(f"exit {code}:\n{(out + err)[-3000:]}")
+    return out
 
 
 def parse(argv: list[str]):
@@ -198,9 +204,12 @@ class Workspace:
                 path.write_text(new)
 
     def wait_for_services(self) -> None:
-        for proc, url, log in self.pending:
-            wait_healthy(url, proc, name=url, timeout_s=120, log=log)
-        self.pending.clear()
+        pending, self.pending = self.pending, []
+        for cmd, proc, url, log in pending:
+            try:
+                wait_healthy(url, proc, name=url, timeout_s=120, log=log)
+            except RuntimeError as e:  # ServiceStartError: it exited or never answered
+                raise AssertionError(f"the service of {cmd.where()} did not start: {e}") from None
 
 
 def make_workspace(root: Path) -> Workspace:
@@ -211,7 +220,7 @@ def make_workspace(root: Path) -> Workspace:
         shutil.copytree(REPO_ROOT / name, root / name)
     rows = [{"data_source": "my_data", "prompt": [{"role": "user", "content": f"What is {a} * 7?"}],
              "reward_model": {"style": "rule", "ground_truth": str(a * 7)},
-             "extra_info": {"index": i, "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": str(a * 7)}}}},
+             "extra_info": {"index": i, "tools_kwargs": {"calculator": {"create_kwargs": {"expected": str(a * 7)}}}},
              "agent_name": "tool_agent"} for i, a in enumerate((12, 31, 45))]
     for rel in USER_FILES:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -241,7 +250,7 @@ def start_service(ws: Workspace, cmd: Command, argv: list[str], health: str) -> 
     proc = subprocess.Popen(full, cwd=ws.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **cmd.env})
     ws.services.append((proc, log))
-    ws.pending.append((proc, f"http://127.0.0.1:{live}{health}", log))
+    ws.pending.append((cmd, proc, f"http://127.0.0.1:{live}{health}", log))
 
 
 def run_curl(argv: list[str]) -> None:
@@ -270,14 +279,12 @@ def check_training_run(ws: Workspace, argv: list[str]) -> None:
     the tools the tasks name, logger packages) passes, and its run directory counts as written."""
     from agentrl.config import load_config
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv[1:], "--check"])
+    code, out, err = call_main([*argv[1:], "--check"])
     # a logger package that an earlier `pip install -e '.[extra]'` of the page installs is not missing
-    problems = [line for line in err.getvalue().splitlines() if line.startswith("error:")
+    problems = [line for line in err.splitlines() if line.startswith("error:")
                 and not any(f"'.[{extra}]'" in line for extra in ws.extras_installed)]
     if code != 0:
-        assert problems == [] and "error:" in err.getvalue(), f"--check fails:\n{(out.getvalue() + err.getvalue())[-3000:]}"
+        assert problems == [] and "error:" in err, f"--check fails:\n{(out + err)[-3000:]}"
     if argv[1] == "train":
         cfg = yaml.safe_load(run_in_process([*argv[1:], "--print-config"]))
         ws.produced.add(cfg["trainer"]["run_dir"])
