@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "sandbox.cli",
     "agentrl.trainer.cli",
     "agentrl.trainer.sft",
+    "agentrl.trainer.export",
     "agentrl.quickstart",
 ]
 

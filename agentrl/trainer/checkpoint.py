@@ -7,6 +7,9 @@ Layout under `run_dir/checkpoints/`:
         actor/              sharded model + optimizer (torch.distributed.checkpoint, one file per rank)
         worker_rank{r}.pt   LR scheduler, RNG states and step counters of rank r
         driver.pt           RL step, data-sampler position, driver RNG states
+        config.yaml         the resolved training config that wrote it (checked when resuming)
+        hf_config/          the model's config and tokenizer files: with actor/ a complete HF model
+                            (`agentrl export`), whatever happens to model.path later
     step_000006.tmp/        being written (or a crash left it): never resumed from, removed by the next save
 
 `resume: auto` picks the highest step directory that has COMPLETE and no `.tmp` suffix, so a half-written
@@ -24,8 +27,17 @@ from pathlib import Path
 
 import torch
 
+from agentrl.errors import UserError
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 MARKER = "COMPLETE"
+CONFIG_FILE = "config.yaml"
+HF_FILES_DIR = "hf_config"
+SHARDS_DIR = "actor"
+
+
+class CheckpointError(UserError, FileNotFoundError):
+    """A checkpoint directory that is missing, incomplete or not a checkpoint; the message names it and the fix."""
 
 
 def checkpoints_root(run_dir: str | Path) -> Path:
@@ -45,12 +57,38 @@ def commit_checkpoint(tmp: Path, step: int) -> Path:
     """Mark `tmp` complete and rename it to its final name (atomic on one filesystem); returns the final path."""
     if tmp.suffix != ".tmp":
         raise ValueError(f"commit_checkpoint expects a directory from begin_checkpoint, got {tmp}")
-    (tmp / MARKER).write_text(json.dumps({"step": step, "time": time.time()}))
+    write_marker(tmp, step)
     final = tmp.with_suffix("")
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     return final
+
+
+def write_marker(directory: Path, step: int) -> None:
+    """The COMPLETE file: json {step, time}, written when everything else in `directory` is."""
+    (directory / MARKER).write_text(json.dumps({"step": step, "time": time.time()}))
+
+
+def marker_step(directory: Path) -> int | None:
+    """The step in `directory`'s COMPLETE file, or None when there is none."""
+    path = directory / MARKER
+    return int(json.loads(path.read_text())["step"]) if path.is_file() else None
+
+
+def save_hf_files(path: Path, model_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
+    """Copy the model's config and tokenizer files (everything of an HF model dir but the weights) into
+    `path/hf_config`; the tokenizer files come from `tokenizer_dir` when it is given."""
+    from agentrl.trainer.weight_sync import HF_SIDE_FILES
+
+    out = path / HF_FILES_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    model_files = ("config.json", "generation_config.json")
+    for name in HF_SIDE_FILES:
+        src = Path(model_dir if tokenizer_dir is None or name in model_files else tokenizer_dir) / name
+        if src.is_file():
+            shutil.copy2(src, out / name)
+    return out
 
 
 def is_complete(path: Path) -> bool:
@@ -79,8 +117,8 @@ def resolve_resume(resume: str, run_dir: str | Path) -> Path | None:
         return latest_checkpoint(run_dir)
     path = Path(resume)
     if not is_complete(path):
-        raise FileNotFoundError(f"trainer.resume={resume!r} is not a complete checkpoint directory (a step_NNNNNN "
-                                f"folder with a {MARKER} file); use 'auto', 'never' or such a folder")
+        raise CheckpointError(f"trainer.resume={resume!r} is not a complete checkpoint directory (a step_NNNNNN "
+                              f"folder with a {MARKER} file); use 'auto', 'never' or such a folder")
     return path
 
 
@@ -119,6 +157,11 @@ def load_driver_state(path: Path) -> dict:
 
 
 __all__ = [
+    "CONFIG_FILE",
+    "HF_FILES_DIR",
+    "MARKER",
+    "SHARDS_DIR",
+    "CheckpointError",
     "begin_checkpoint",
     "checkpoint_step",
     "commit_checkpoint",
@@ -126,7 +169,10 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_driver_state",
+    "marker_step",
     "prune_checkpoints",
     "resolve_resume",
     "save_driver_state",
+    "save_hf_files",
+    "write_marker",
 ]

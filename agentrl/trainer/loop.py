@@ -11,6 +11,10 @@
         actor metrics = update_policy(batch)                       (epochs x mini-batches x micro-batches)
         sync weights -> engine                                     (state dict / update_weights_from_disk)
         log metrics; validate every test_freq; checkpoint every save_freq
+    final_model/ (HF model dir), COMPLETE
+
+How a run starts in its run_dir (fresh, resumed from a checkpoint, or already complete) and what a resume does
+to the directory's records: `agentrl.trainer.resume`. What the console shows: `agentrl.trainer.console`.
 
 Entry points: `train(cfg)` (blocking) and `run(cfg)` (async). `agentrl train CONFIG [overrides]` calls `train`.
 """
@@ -31,24 +35,24 @@ from agentrl.trainer.algos import grpo_advantages
 from agentrl.trainer.batch import episodes_to_batch
 from agentrl.trainer.checkpoint import (
     begin_checkpoint,
-    checkpoint_step,
     commit_checkpoint,
     load_driver_state,
     prune_checkpoints,
-    resolve_resume,
     save_driver_state,
+    save_hf_files,
 )
 from agentrl.trainer.config import TrainConfig
+from agentrl.trainer.console import quiet_third_party, run_header
 from agentrl.trainer.metrics import (
     MetricsLogger,
     advantage_metrics,
     drift_metrics,
     episode_metrics,
+    read_metrics,
 )
+from agentrl.trainer.resume import FINAL_MODEL_DIR, mark_complete, plan_start, prepare_run_dir
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
-
-FINAL_MODEL_DIR = "final_model"
 
 
 class TaskSampler:
@@ -105,7 +109,8 @@ def load_task_files(paths: list[str]) -> list[Task]:
 async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig, step: int) -> tuple[list[Episode], dict, list[Episode]]:
     """Roll out one step's tasks; drop infra failures; optionally keep only groups with reward variance,
     refilling from new tasks (DAPO dynamic sampling) for up to `algorithm.max_filter_rounds` extra rounds.
-    Returns (episodes to train on, data stats, every episode generated)."""
+    Returns (episodes to train on, data stats, every episode generated). `data/signal_groups` counts the kept
+    groups whose rewards differ: 0 means the step has nothing to learn from."""
     stats = defaultdict(float)
     kept: list[list[Episode]] = []
     all_episodes: list[Episode] = []
@@ -128,6 +133,7 @@ async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig, step
             break
     kept = kept[: cfg.data.train_batch_size]
     stats["data/groups"] = len(kept)
+    stats["data/signal_groups"] = sum(has_signal(group) for group in kept)
     stats["data/episodes_generated"] = len(all_episodes)
     return [ep for group in kept for ep in group], dict(stats), all_episodes
 
@@ -199,9 +205,12 @@ async def validate(val_rollout, tasks: list[Task], step: int) -> dict[str, float
 
 
 def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int) -> Path:
+    """Sharded weights and optimizer, driver state, the config and the model's HF files (layout: checkpoint.py)."""
     tmp = begin_checkpoint(cfg.trainer.run_dir, step)
     workers.save_checkpoint(tmp)
     save_driver_state(tmp, {"step": step, "sampler": sampler.state_dict()})
+    save_config(cfg, tmp)
+    save_hf_files(tmp, cfg.model.path, cfg.model.tokenizer_path)
     final = commit_checkpoint(tmp, step)
     prune_checkpoints(cfg.trainer.run_dir, cfg.trainer.keep_checkpoints)
     return final
@@ -217,30 +226,41 @@ def _seed_everything(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def _header(cfg: TrainConfig, num_tasks: int) -> str:
+    return run_header("train", {
+        "run dir": cfg.trainer.run_dir, "model": cfg.model.path,
+        "tasks": f"{num_tasks} ({', '.join(cfg.data.train_files)})", "steps": cfg.trainer.total_steps,
+        "batch": f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} episodes",
+        "engine": cfg.engine.backend, "world size": cfg.actor.world_size})
+
+
 async def run(cfg: TrainConfig) -> dict[str, float]:
     """Train; returns the last step's metrics. Resumes from `trainer.resume` (default: latest checkpoint)."""
-    import ray
     from transformers import AutoTokenizer
 
     from agentrl.agent_loop.rollout import RolloutManager
     from agentrl.inference import make_engine
     from agentrl.tools.client import ToolRegistry
-    from agentrl.trainer.worker import WorkerGroup
+    from agentrl.trainer.worker import WorkerGroup, start_ray
 
+    quiet_third_party()
     cfg = _seed_everything(cfg)
     run_dir = Path(cfg.trainer.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir)
+    start = plan_start(cfg)  # checks a resume against the checkpoint's config before anything is written
+    if start.complete:
+        print(f"run already complete at step {start.step} (use trainer.resume=never to start over)", flush=True)
+        rows = read_metrics(run_dir)
+        return rows[-1] if rows else {}
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler = TaskSampler(load_task_files(cfg.data.train_files), cfg.data.train_batch_size,
                           shuffle=cfg.data.shuffle, seed=cfg.data.seed)
     val_tasks = load_task_files(cfg.data.val_files)[: cfg.data.val_batch_size] if cfg.data.val_files else []
+    print(_header(cfg, len(sampler.tasks)), flush=True)
+    for note in prepare_run_dir(cfg, start):
+        print(note, flush=True)
 
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(address=cfg.trainer.ray_address, num_cpus=cfg.trainer.ray_num_cpus, include_dashboard=False,
-                 log_to_driver=True)
+    started_ray = start_ray(cfg.trainer.ray_address, cfg.trainer.ray_num_cpus)
     workers = engine = tools = logger = None
     try:
         workers = WorkerGroup(cfg.model, cfg.actor, with_ref=cfg.actor.use_kl_loss, total_steps=cfg.trainer.total_steps,
@@ -253,23 +273,19 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             cfg.rollout, n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False),
             cfg.reward, run_dir=None)
         logger = MetricsLogger(run_dir, cfg.trainer.loggers, project=cfg.trainer.project,
-                               experiment=cfg.trainer.experiment, config=to_dict(cfg))
+                               experiment=cfg.trainer.experiment, config=to_dict(cfg),
+                               total_steps=cfg.trainer.total_steps, resumed_from=start.step)
 
-        start = 0
-        resume_from = resolve_resume(cfg.trainer.resume, run_dir)
-        if resume_from is not None:
-            workers.load_checkpoint(resume_from)
-            state = load_driver_state(resume_from)
-            sampler.load_state_dict(state["sampler"])
-            start = state["step"]
+        if start.checkpoint is not None:
+            workers.load_checkpoint(start.checkpoint)
+            sampler.load_state_dict(load_driver_state(start.checkpoint)["sampler"])
             await sync_weights(workers.full_state_dict(), engine, backend=cfg.engine.backend,
-                               model_path=cfg.model.path, run_dir=run_dir, step=start)
-            print(f"resumed from {resume_from} (step {checkpoint_step(resume_from)})", flush=True)
+                               model_path=cfg.model.path, run_dir=run_dir, step=start.step)
 
-        if val_tasks and cfg.trainer.test_freq and start == 0:
+        if val_tasks and cfg.trainer.test_freq and start.step == 0:
             logger.log(0, await validate(val_rollout, val_tasks, 0))
         metrics: dict[str, float] = {}
-        for step in range(start + 1, cfg.trainer.total_steps + 1):
+        for step in range(start.step + 1, cfg.trainer.total_steps + 1):
             metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers, engine=engine,
                                        pad_token_id=pad_token_id)
             last = step == cfg.trainer.total_steps
@@ -284,6 +300,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             # Loadable with AutoModelForCausalLM / `agentrl eval --model`, like any other HF model dir.
             out = write_hf_checkpoint(workers.full_state_dict(), cfg.model.path, run_dir / FINAL_MODEL_DIR)
             print(f"saved the trained policy to {out}", flush=True)
+        mark_complete(run_dir, max(start.step, cfg.trainer.total_steps))
         return metrics
     finally:
         if logger is not None:
@@ -296,6 +313,8 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         if workers is not None:
             workers.shutdown()
         if started_ray:
+            import ray
+
             ray.shutdown()
 
 

@@ -1,21 +1,30 @@
 """Step metrics: pure functions from episodes / batch tensors to flat dicts, and the loggers that write them.
 
 Names are grouped by prefix: `reward/`, `episode/`, `tools/`, `adv/`, `actor/`, `drift/`, `timing/`, `perf/`,
-`data/`, `val/`. Every step writes one JSON line to `run_dir/metrics.jsonl`, one compact console line, and
-optionally TensorBoard (`tensorboard` in trainer.loggers) and W&B (`wandb`) scalars.
+`data/`, `val/`. Every step writes one JSON line to `run_dir/metrics.jsonl`, one console line
+(`agentrl.trainer.console`), and optionally TensorBoard (`tensorboard` in trainer.loggers) and W&B (`wandb`)
+scalars.
+
+Each step appears once in every sink: a run resumed from step k first cuts the JSON-lines files after step k
+(`rewind_jsonl`), and TensorBoard hides its events after k (`purge_step`), so a reader sees what an
+uninterrupted run would have written.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections import Counter
 from pathlib import Path
 
 import torch
 
+from agentrl.trainer.console import StepConsole
 from agentrl.types import Episode
+
+METRICS_FILE = "metrics.jsonl"
 
 SUCCESS_REWARD = 1.0  # an episode "succeeds" when it earns full reward
 
@@ -93,32 +102,21 @@ def drift_metrics(rollout_logprobs_B_L: torch.Tensor, old_logprobs_B_L: torch.Te
     return out
 
 
-_CONSOLE_KEYS = [("reward/mean", "reward", "{:.3f}"), ("reward/success_rate", "succ", "{:.2f}"),
-                 ("actor/pg_loss", "pg", "{:+.4f}"), ("actor/kl_loss", "kl", "{:.4f}"),
-                 ("actor/entropy", "ent", "{:.3f}"), ("actor/grad_norm", "gnorm", "{:.3f}"),
-                 ("drift/abs_max", "drift", "{:.1e}"), ("episode/response_tokens_mean", "len", "{:.0f}"),
-                 ("data/infra_failed", "infra", "{:.0f}"), ("data/zero_var_groups", "zvar", "{:.0f}"),
-                 ("val/reward/mean", "val", "{:.3f}"), ("timing/step_s", "s", "{:.1f}")]
-
-
-def console_line(step: int, metrics: dict[str, float]) -> str:
-    parts = [f"step {step}"]
-    for key, label, fmt in _CONSOLE_KEYS:
-        if key in metrics:
-            parts.append(f"{label} {fmt.format(metrics[key])}")
-    return " | ".join(parts)
-
-
 class MetricsLogger:
-    """Writes each step's metrics to the configured sinks: console, jsonl, tensorboard, wandb."""
+    """Writes each step's metrics to the configured sinks: console, jsonl, tensorboard, wandb.
+
+    `resumed_from`: the step the run resumes after (0 for a fresh run); TensorBoard purges its events after it.
+    `total_steps`: shown in the console line (`step 3/20`) and used for its ETA.
+    """
 
     def __init__(self, run_dir: str | Path, loggers: list[str], *, project: str = "agentrl", experiment: str = "",
-                 config: dict | None = None, stream=None):
+                 config: dict | None = None, stream=None, total_steps: int | None = None, resumed_from: int = 0):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.loggers = list(loggers)
         self.stream = stream or sys.stdout
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if "jsonl" in self.loggers else None
+        self.console = StepConsole(total_steps) if "console" in self.loggers else None
+        self._jsonl = open(self.run_dir / METRICS_FILE, "a") if "jsonl" in self.loggers else None
         self._tb = None
         self._wandb = None
         name = experiment or self.run_dir.name
@@ -128,7 +126,9 @@ class MetricsLogger:
             except ImportError as e:
                 raise ImportError("trainer.loggers has 'tensorboard' but the tensorboard package is missing: "
                                   "pip install tensorboard, or drop it from trainer.loggers") from e
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard" / name))
+            # purge_step: TensorBoard hides this directory's older events at and after it (a resume's re-run steps)
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard" / name),
+                                     purge_step=resumed_from + 1 if resumed_from > 0 else None)
         if "wandb" in self.loggers:
             try:
                 import wandb
@@ -142,8 +142,9 @@ class MetricsLogger:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
             self._jsonl.flush()
-        if "console" in self.loggers:
-            print(console_line(step, clean), file=self.stream, flush=True)
+        if self.console is not None:
+            for line in self.console.lines(step, clean):
+                print(line, file=self.stream, flush=True)
         if self._tb is not None:
             for key, value in clean.items():
                 self._tb.add_scalar(key, value, step)
@@ -162,19 +163,42 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """All rows of run_dir/metrics.jsonl (a resumed run appends; later rows for a step win)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    """All rows of run_dir/metrics.jsonl, one per logged step, in step order."""
+    path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def rewind_jsonl(path: str | Path, step: int) -> int:
+    """Cut a JSON-lines file whose rows carry a "step" (in step order) just before the first row after `step`,
+    or before a torn last line a crash left; returns the number of bytes removed (0 if the file is missing)."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    keep = 0
+    with path.open("rb") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if row["step"] > step:
+                break
+            keep += len(line)
+    if keep < size:
+        os.truncate(path, keep)
+    return size - keep
+
+
 __all__ = [
     "SUCCESS_REWARD",
     "MetricsLogger",
+    "METRICS_FILE",
     "advantage_metrics",
-    "console_line",
     "drift_metrics",
     "episode_metrics",
     "read_metrics",
+    "rewind_jsonl",
 ]

@@ -148,16 +148,19 @@ def tokenize_demos(tokenizer, rows: list[dict], max_length: int) -> tuple[list[t
 
 
 def run_sft(cfg: SFTConfig) -> dict:
-    """Fine-tune `cfg.model.path` on the demonstrations; saves the model and returns the final metrics."""
+    """Fine-tune `cfg.model.path` on the demonstrations; saves the model and returns the final metrics.
+
+    Every run starts clean: sft_metrics.jsonl and config.yaml in `sft.run_dir` are rewritten (SFT does not resume).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.config import save_config
     from agentrl.trainer.batch import sft_batch
-    from agentrl.trainer.worker import WorkerGroup
+    from agentrl.trainer.console import quiet_third_party, run_header, sft_line
+    from agentrl.trainer.worker import WorkerGroup, start_ray
 
+    quiet_third_party()
     run_dir = Path(cfg.sft.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir)
     out_dir = Path(cfg.sft.output_dir or run_dir / "model")
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     sequences, skipped = tokenize_demos(tokenizer, load_demos(cfg.data.train_files), cfg.data.max_length)
@@ -167,21 +170,24 @@ def run_sft(cfg: SFTConfig) -> dict:
     total = steps_per_epoch * cfg.sft.epochs
     if cfg.sft.max_steps is not None:
         total = min(total, cfg.sft.max_steps)
-    print(f"sft: {len(sequences)} transcripts ({skipped} skipped > {cfg.data.max_length} tokens), "
-          f"{sum(sum(m) for _, m in sequences)} trained tokens, {total} steps of {cfg.sft.batch_size}", flush=True)
+    print(run_header("sft", {
+        "run dir": run_dir, "model": cfg.model.path,
+        "transcripts": f"{len(sequences)} ({skipped} skipped: longer than {cfg.data.max_length} tokens)",
+        "trained tokens": sum(sum(m) for _, m in sequences), "steps": total,
+        "batch": f"{cfg.sft.batch_size} transcripts", "world size": cfg.actor.world_size if cfg.sft.use_ray else 1}),
+        flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir)
 
-    if cfg.sft.use_ray:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False)
-    workers = WorkerGroup(cfg.model, cfg.actor, total_steps=total, seed=cfg.sft.seed, use_ray=cfg.sft.use_ray)
+    started_ray = start_ray(log_to_driver=False) if cfg.sft.use_ray else False
     rng = random.Random(cfg.sft.seed)
     metrics: dict = {}
     step, start = 0, time.perf_counter()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    workers = None
     try:
-        with open(run_dir / "sft_metrics.jsonl", "a") as log:
+        workers = WorkerGroup(cfg.model, cfg.actor, total_steps=total, seed=cfg.sft.seed, use_ray=cfg.sft.use_ray)
+        with open(run_dir / "sft_metrics.jsonl", "w") as log:
             while step < total:
                 order = list(range(len(sequences)))
                 if cfg.data.shuffle:
@@ -196,12 +202,15 @@ def run_sft(cfg: SFTConfig) -> dict:
                     log.write(json.dumps(metrics) + "\n")
                     log.flush()
                     if step % cfg.sft.log_freq == 0 or step == total:
-                        print(f"sft step {step}/{total} loss {metrics.get('sft_loss', float('nan')):.4f} "
-                              f"grad_norm {metrics.get('grad_norm', float('nan')):.3f} "
-                              f"({metrics['elapsed_s']:.0f}s)", flush=True)
+                        print(sft_line(step, total, metrics, time.perf_counter() - start), flush=True)
         state = workers.full_state_dict()
     finally:
-        workers.shutdown()
+        if workers is not None:
+            workers.shutdown()
+        if started_ray:
+            import ray
+
+            ray.shutdown()
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path)
     model.load_state_dict(state)
     model.save_pretrained(out_dir)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 # Files an HF model directory needs besides the weights.
-_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
 
 
@@ -46,7 +46,7 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], src_model_dir: str 
         if cfg.get("tie_word_embeddings"):
             tensors.pop("lm_head.weight")
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    for name in _SIDE_FILES:
+    for name in HF_SIDE_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, tmp / name)
     if out.exists():
@@ -74,4 +74,4 @@ async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: 
     raise ValueError(f"engine.backend {backend!r}: weight sync supports 'local' and 'sglang'")
 
 
-__all__ = ["sync_weights", "write_hf_checkpoint"]
+__all__ = ["HF_SIDE_FILES", "sync_weights", "write_hf_checkpoint"]

@@ -43,6 +43,7 @@ from agentrl.trainer.batch import (
     plan_micro_batches,
     scatter_rows,
 )
+from agentrl.trainer.checkpoint import SHARDS_DIR
 from agentrl.trainer.config import ActorConfig, ModelConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,7 +53,10 @@ _SUMMED = ("pg_loss", "kl_loss", "entropy_loss", "sft_loss")
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
-    """LR multiplier after `step` scheduler steps: linear warmup, then constant or cosine down to min_lr_ratio."""
+    """LR multiplier after `step` scheduler steps: linear warmup, then constant or cosine down to min_lr_ratio.
+
+    A function of the step and the planned total only, so a resumed run whose total changed continues on the
+    schedule of the new total (`PolicyWorker.load_checkpoint`)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -88,6 +92,9 @@ class PolicyWorker:
     def setup(self, master_addr: str, master_port: int) -> None:
         import torch.distributed as dist
 
+        from agentrl.trainer.console import quiet_third_party
+
+        quiet_third_party()  # a Ray worker is its own process: no weight-loading bars here either
         threads = self.actor.num_threads_per_worker or (1 if self.world_size > 1 else None)
         if threads:
             torch.set_num_threads(threads)
@@ -117,9 +124,11 @@ class PolicyWorker:
         betas = (self.actor.betas[0], self.actor.betas[1])
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.actor.lr, betas=betas,
                                            weight_decay=self.actor.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(
-            s, warmup_steps=self.actor.warmup_steps, total_steps=self.total_steps,
-            schedule=self.actor.lr_schedule, min_lr_ratio=self.actor.min_lr_ratio))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._lr_factor(s))
+
+    def _lr_factor(self, step: int) -> float:
+        return lr_factor(step, warmup_steps=self.actor.warmup_steps, total_steps=self.total_steps,
+                         schedule=self.actor.lr_schedule, min_lr_ratio=self.actor.min_lr_ratio)
 
     def _load(self, trainable: bool):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -336,7 +345,7 @@ class PolicyWorker:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(path) / "actor"))
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(path) / SHARDS_DIR))
         extra = {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
                  "python_rng": random.getstate(), "skipped_steps": self.skipped_steps,
                  "optimizer_steps": self.optimizer_steps}
@@ -345,6 +354,10 @@ class PolicyWorker:
         torch.save(extra, Path(path) / f"worker_rank{self.rank}.pt")
 
     def load_checkpoint(self, path: str) -> None:
+        """Weights, optimizer moments, RNG states and the scheduler position from `path`. The optimizer's
+        hyperparameters and the LR schedule come from this worker's config: the LR of the next step is
+        `actor.lr * lr_factor(steps taken, total_steps of this run)`, so changing `trainer.total_steps` or
+        `actor.lr` on resume takes effect from the next step."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_state_dict,
@@ -357,21 +370,47 @@ class PolicyWorker:
                                     f"actor.world_size (this run has {self.world_size})")
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(Path(path) / "actor"))
+        dcp.load(state, checkpoint_id=str(Path(path) / SHARDS_DIR))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = torch.load(extra_path, weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
+        self._apply_optimizer_config()
         torch.set_rng_state(extra["torch_rng"])
         random.setstate(extra["python_rng"])
         if "cuda_rng" in extra and self.device.type == "cuda":
             torch.cuda.set_rng_state(extra["cuda_rng"])
         self.skipped_steps, self.optimizer_steps = extra["skipped_steps"], extra["optimizer_steps"]
 
+    def _apply_optimizer_config(self) -> None:
+        """Hyperparameters from the config (a checkpoint's param groups carry the values it was saved with)."""
+        self.scheduler.base_lrs = [self.actor.lr for _ in self.optimizer.param_groups]
+        lr = self.actor.lr * self._lr_factor(self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group.update(lr=lr, initial_lr=self.actor.lr, betas=tuple(self.actor.betas),
+                         weight_decay=self.actor.weight_decay)
+
     def shutdown(self) -> None:
         import torch.distributed as dist
 
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None, *, log_to_driver: bool = True) -> bool:
+    """`ray.init` unless Ray is already up; returns True when this call started it (the caller shuts it down).
+
+    Ray's INFO start-up lines are off, and so is the warning a local start prints that token authentication is
+    on (Ray's default, unchanged here; `RAY_AUTH_MODE` decides as usual)."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
+             logging_level=logging.WARNING)
+    return True
 
 
 class WorkerGroup:
@@ -492,4 +531,4 @@ class WorkerGroup:
         self.workers = []
 
 
-__all__ = ["PolicyWorker", "WorkerGroup", "lr_factor"]
+__all__ = ["PolicyWorker", "WorkerGroup", "lr_factor", "start_ray"]

@@ -1,10 +1,11 @@
-"""Step metrics: episode statistics, per-turn logprob drift and the sinks."""
+"""Step metrics: episode statistics, per-turn logprob drift, the sinks, and rewinding them for a resume."""
 
 from __future__ import annotations
 
 import io
 import json
 
+import pytest
 import torch
 
 from agentrl.trainer.metrics import (
@@ -12,6 +13,7 @@ from agentrl.trainer.metrics import (
     drift_metrics,
     episode_metrics,
     read_metrics,
+    rewind_jsonl,
 )
 from agentrl.types import Episode
 
@@ -41,10 +43,36 @@ def test_drift_is_measured_on_loss_tokens_per_turn():
 
 def test_logger_writes_jsonl_and_one_console_line(tmp_path):
     out = io.StringIO()
-    logger = MetricsLogger(tmp_path, ["console", "jsonl"], stream=out)
+    logger = MetricsLogger(tmp_path, ["console", "jsonl"], stream=out, total_steps=5)
     logger.log(3, {"reward/mean": 0.25, "actor/pg_loss": -0.1, "timing/step_s": 2.0})
     logger.close()
     assert read_metrics(tmp_path) == [{"step": 3, "reward/mean": 0.25, "actor/pg_loss": -0.1, "timing/step_s": 2.0}]
     line = out.getvalue().strip()
-    assert line.startswith("step 3 | reward 0.250") and "\n" not in line
+    assert line.startswith("step 3/5 | reward 0.250") and "\n" not in line
     json.loads((tmp_path / "metrics.jsonl").read_text())
+
+
+def test_rewind_keeps_the_rows_up_to_a_step_and_drops_a_torn_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in (0, 1, 2, 3, 4)) + '{"step": 5, "x"')
+    assert rewind_jsonl(path, 2) > 0
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
+    assert rewind_jsonl(path, 2) == 0
+    assert rewind_jsonl(tmp_path / "missing.jsonl", 2) == 0
+
+
+def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install -e '.[tensorboard]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = MetricsLogger(tmp_path, ["tensorboard"], experiment="run")
+    for step in (1, 2, 3, 4):
+        first.log(step, {"reward/mean": float(step)})
+    first.close()
+    resumed = MetricsLogger(tmp_path, ["tensorboard"], experiment="run", resumed_from=2)
+    for step in (3, 4):
+        resumed.log(step, {"reward/mean": 10.0 * step})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "run"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]

@@ -153,3 +153,23 @@ def test_gradient_checkpointing_gives_the_same_gradient(group, batch, tiny_model
         checkpointed.shutdown()
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_resume_with_more_total_steps_continues_on_the_longer_schedule(group, tiny_model_dir, tmp_path):
+    # 3 cosine steps end at lr 0; resumed with total_steps=5 the 4th step uses the 5-step schedule's lr at step 3.
+    actor = dataclasses.replace(group.actor, lr=1e-3, lr_schedule="cosine", warmup_steps=0, min_lr_ratio=0.0)
+    rng = random.Random(2)
+    batch = sft_batch([([rng.randrange(3, 2000) for _ in range(12)], [0] * 4 + [1] * 8) for _ in range(2)], 0)
+    model = ModelConfig(path=str(tiny_model_dir))
+    short = WorkerGroup(model, actor, total_steps=3, use_ray=False)
+    assert [short.update_sft(batch)["lr"] for _ in range(3)] == pytest.approx([1e-3, 7.5e-4, 2.5e-4])
+    short.save_checkpoint(tmp_path)
+    short.shutdown()
+    schedule = {"warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.0}
+    for total in (3, 5):
+        resumed = WorkerGroup(model, actor, total_steps=total, use_ray=False)
+        resumed.load_checkpoint(tmp_path)
+        lr = resumed.update_sft(batch)["lr"]
+        resumed.shutdown()
+        assert lr == 1e-3 * lr_factor(3, total_steps=total, **schedule)
+    assert lr > 0.3e-3

@@ -1,0 +1,206 @@
+"""What training and evaluation print: the first line of a run, one line per step, progress lines with an ETA,
+the no-learning-signal warning, and the switches that keep third-party libraries quiet.
+
+Every field of the step line is explained once, in `CONSOLE_FIELDS`; `CONSOLE_FIELDS_TEXT` is that explanation
+as text for `agentrl train --help` and the docs. Output is plain text (no carriage returns, no ANSI codes), so
+a log file reads like the terminal; a tqdm bar is used only when the stream is a terminal.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+
+@dataclass(frozen=True)
+class ConsoleField:
+    key: str  # metric name in metrics.jsonl
+    label: str  # what the step line shows
+    fmt: str
+    meaning: str
+
+
+CONSOLE_FIELDS: tuple[ConsoleField, ...] = (
+    ConsoleField("reward/mean", "reward", "{:.3f}", "mean reward of the episodes trained on this step"),
+    ConsoleField("reward/success_rate", "succ", "{:.2f}", "fraction of those episodes that earned full reward"),
+    ConsoleField("actor/pg_loss", "pg", "{:+.4f}", "clipped policy-gradient loss (mean over optimizer steps)"),
+    ConsoleField("actor/kl_loss", "kl", "{:.4f}", "KL penalty to the reference policy (actor.use_kl_loss)"),
+    ConsoleField("actor/entropy", "ent", "{:.3f}", "mean entropy of the policy on the sampled tokens"),
+    ConsoleField("actor/grad_norm", "gnorm", "{:.3f}", "gradient norm before clipping to actor.grad_clip"),
+    ConsoleField("drift/abs_max", "drift", "{:.1e}",
+                 "max |rollout logprob - trainer logprob| on sampled tokens; large means engine and trainer "
+                 "disagree about the policy (stale weights, dtype or temperature mismatch)"),
+    ConsoleField("episode/response_tokens_mean", "len", "{:.0f}",
+                 "mean response length in tokens (model turns and tool output)"),
+    ConsoleField("data/infra_failed", "infra", "{:.0f}",
+                 "episodes dropped because a tool, the sandbox or the engine failed (never trained as reward 0)"),
+    ConsoleField("data/zero_var_groups", "zvar", "{:.0f}",
+                 "groups whose episodes all got the same reward: their advantages are 0, they teach nothing"),
+    ConsoleField("val/reward/mean", "val", "{:.3f}", "mean reward on the validation tasks (every trainer.test_freq "
+                                                     "steps, before step 1 and after the last)"),
+    ConsoleField("timing/step_s", "s", "{:.1f}", "seconds the step took (rollout, update, weight sync)"),
+)
+NO_SIGNAL_NOTE = "no signal (all rewards equal in every group)"
+NO_SIGNAL_WARN_AFTER = 5  # steps in a row without signal before the warning
+SFT_FIELDS = (("loss", "token-mean negative log-likelihood of the assistant tokens [sft_loss]"),
+              ("grad_norm", "gradient norm before clipping to actor.grad_clip [grad_norm]"),
+              ("elapsed", "time since the first SFT step [elapsed_s]"),
+              ("eta", "time left for the remaining SFT steps, from the mean time per step so far"))
+
+
+def _fields_text() -> str:
+    rows = [(f.label, f"{f.meaning} [{f.key}]") for f in CONSOLE_FIELDS]
+    rows += [("eta", "time left for the remaining steps, from the mean time per step so far"),
+             ("no signal", f"every group's episodes got equal rewards, so the step taught nothing; after "
+                           f"{NO_SIGNAL_WARN_AFTER} such steps in a row a warning says what to change")]
+    width = max(len(name) for name, _ in rows + list(SFT_FIELDS)) + 2
+    lines = ["Each training step prints one line, `step N/TOTAL | field value | ...` (step 0: the validation "
+             "before training); [names] are the metrics.jsonl keys:",
+             *(f"  {name:<{width}}{meaning}" for name, meaning in rows),
+             "SFT prints `sft step N/TOTAL | loss | grad_norm | elapsed | eta` every sft.log_freq steps:",
+             *(f"  {name:<{width}}{meaning}" for name, meaning in SFT_FIELDS)]
+    return "\n".join(lines)
+
+
+CONSOLE_FIELDS_TEXT = _fields_text()
+
+
+def format_duration(seconds: float) -> str:
+    """`45s`, `3m05s`, `1h02m`."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def run_header(kind: str, fields: dict[str, object]) -> str:
+    """The first line of a run: `train: run dir runs/x | model runs/m | ...`."""
+    return f"{kind}: " + " | ".join(f"{name} {value}" for name, value in fields.items())
+
+
+def sft_line(step: int, total: int, metrics: dict[str, float], elapsed_s: float) -> str:
+    parts = [f"sft step {step}/{total}", f"loss {metrics['sft_loss']:.4f}", f"grad_norm {metrics.get('grad_norm', math.nan):.3f}",
+             f"elapsed {format_duration(elapsed_s)}"]
+    if step < total:
+        parts.append(f"eta {format_duration(elapsed_s / step * (total - step))}")
+    return " | ".join(parts)
+
+
+def has_no_signal(metrics: dict[str, float]) -> bool:
+    """True when the step's groups all had equal rewards (every GRPO advantage 0); a step that lost every
+    episode to infra failures is not counted (that is the `infra` field's story)."""
+    return metrics.get("data/signal_groups") == 0 and metrics.get("data/zero_var_groups", 0) > 0
+
+
+class StepConsole:
+    """Formats each step's line and warns after `NO_SIGNAL_WARN_AFTER` steps in a row without signal.
+
+    The ETA is the mean of the seconds the logged steps took (step, validation and checkpoint time from the
+    metrics) times the steps left, so it depends only on what was logged.
+    """
+
+    def __init__(self, total_steps: int | None = None):
+        self.total_steps = total_steps
+        self.no_signal_streak = 0
+        self._seconds: list[float] = []
+
+    def lines(self, step: int, metrics: dict[str, float]) -> list[str]:
+        parts = [f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"]
+        parts += [f"{f.label} {f.fmt.format(metrics[f.key])}" for f in CONSOLE_FIELDS if f.key in metrics]
+        if step > 0:
+            self._seconds.append(sum(metrics.get(k, 0.0) for k in ("timing/step_s", "timing/val_s", "timing/save_s")))
+            if self.total_steps and step < self.total_steps:
+                left = (self.total_steps - step) * sum(self._seconds) / len(self._seconds)
+                parts.append(f"eta {format_duration(left)}")
+        out = []
+        if step > 0 and has_no_signal(metrics):
+            parts.append(NO_SIGNAL_NOTE)
+            self.no_signal_streak += 1
+        elif step > 0:
+            self.no_signal_streak = 0
+        out.append(" | ".join(parts))
+        if self.no_signal_streak == NO_SIGNAL_WARN_AFTER:
+            out.append(f"warning: {NO_SIGNAL_WARN_AFTER} steps in a row without learning signal (every episode of a "
+                       "group got the same reward): raise rollout.n or rollout.temperature, use easier tasks, check "
+                       "the reward function on a few episodes.jsonl rows, or set "
+                       "algorithm.filter_zero_variance_groups=true")
+        return out
+
+
+class ProgressLines:
+    """Plain progress lines for a stream that is not a terminal: one line each time another tenth of `total` is
+    done, `desc: 40/400 episodes (10%), 12s, eta 1m48s`. Same interface as the tqdm bar (update, close)."""
+
+    def __init__(self, total: int, desc: str, unit: str = "episodes", stream: TextIO | None = None):
+        self.total, self.desc, self.unit = total, desc, unit
+        self.stream = stream or sys.stderr
+        self.done = 0
+        self._tenths = 0
+        self._start = time.monotonic()
+
+    def update(self, count: int = 1) -> None:
+        self.done += count
+        tenths = math.floor(10 * self.done / self.total) if self.total else 10
+        if tenths <= self._tenths:
+            return
+        self._tenths = tenths
+        elapsed = time.monotonic() - self._start
+        line = f"{self.desc}: {self.done}/{self.total} {self.unit} ({self.done / self.total:.0%}), " \
+               f"{format_duration(elapsed)}"
+        if self.done < self.total:
+            line += f", eta {format_duration(elapsed / self.done * (self.total - self.done))}"
+        print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def progress(total: int, desc: str, unit: str = "episodes", stream: TextIO | None = None):
+    """A tqdm bar when `stream` (default stderr) is a terminal, else `ProgressLines`."""
+    stream = stream or sys.stderr
+    if stream.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit[:2], leave=False, file=stream)
+    return ProgressLines(total, desc, unit, stream)
+
+
+def quiet_third_party() -> None:
+    """Turn off what other libraries print that a person does not need: Hugging Face weight-loading bars, Ray's
+    usage statistics and ANSI colours in Ray's worker prefixes when stdout is not a terminal (Ray's start-up
+    notices: `agentrl.trainer.worker.start_ray`).
+
+    Environment variables are set only where the user has not set them, so e.g. `HF_HUB_DISABLE_PROGRESS_BARS=0`
+    brings the bars back; they are inherited by Ray workers and child services started afterwards.
+    """
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "0":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+__all__ = [
+    "CONSOLE_FIELDS",
+    "CONSOLE_FIELDS_TEXT",
+    "NO_SIGNAL_NOTE",
+    "NO_SIGNAL_WARN_AFTER",
+    "ConsoleField",
+    "ProgressLines",
+    "StepConsole",
+    "format_duration",
+    "has_no_signal",
+    "progress",
+    "quiet_third_party",
+    "run_header",
+    "sft_line",
+]

@@ -1,0 +1,155 @@
+"""`agentrl export CHECKPOINT_DIR OUT_DIR`: a sharded trainer checkpoint -> a Hugging Face model directory.
+
+    agentrl export runs/calc-tiny-cpu/checkpoints/step_000010 runs/calc-step10
+    agentrl eval --model runs/calc-tiny-cpu/checkpoints/step_000010 --suite calc    # exports on the fly
+
+A checkpoint's `actor/` holds the weights and the optimizer state, sharded by torch.distributed.checkpoint (one
+file per rank that wrote it). Export reads only the weights, in one process, whatever the number of ranks; the
+checkpoint's `hf_config/` supplies config.json and the tokenizer. The result loads with
+`AutoModelForCausalLM.from_pretrained(OUT_DIR)` and `AutoTokenizer.from_pretrained(OUT_DIR)`, like the
+`final_model/` a run writes at its end.
+
+`resolve_model_dir(path)` lets whatever takes a model directory take a checkpoint too: the checkpoint is exported
+once into `<checkpoint>/hf/` (a temporary directory when the checkpoint is read-only) and that path is returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+# torch (imported by agentrl.trainer.checkpoint) loads inside the functions: `agentrl --help` imports this module.
+
+CACHE_DIR = "hf"  # resolve_model_dir's export inside a checkpoint
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """`path` as a complete trainer checkpoint directory, or a CheckpointError saying what it is instead."""
+    from agentrl.trainer.checkpoint import (
+        MARKER,
+        SHARDS_DIR,
+        CheckpointError,
+        checkpoints_root,
+        latest_checkpoint,
+        marker_step,
+    )
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist; checkpoints are the "
+                              "RUN_DIR/checkpoints/step_NNNNNN folders a run writes every trainer.save_freq steps")
+    if checkpoints_root(path).is_dir():
+        latest = latest_checkpoint(path)
+        example = latest if latest is not None else checkpoints_root(path) / "step_NNNNNN"
+        raise CheckpointError(f"{path} is a run directory, not a checkpoint; pass one of its checkpoints, e.g. {example}")
+    if marker_step(path) is None:
+        if not (path / SHARDS_DIR).is_dir() and not path.name.startswith("step_"):
+            raise CheckpointError(f"{path} is not a trainer checkpoint (no {SHARDS_DIR}/ with sharded weights, no "
+                                  f"{MARKER} file); pass a RUN_DIR/checkpoints/step_NNNNNN folder")
+        latest = latest_checkpoint(path.parent.parent)
+        hint = f"; the latest complete one is {latest}" if latest is not None else ""
+        raise CheckpointError(f"checkpoint {path} is incomplete: it has no {MARKER} file (the run stopped while "
+                              f"writing it){hint}")
+    if not (path / SHARDS_DIR / ".metadata").is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: {path / SHARDS_DIR / '.metadata'} is missing, so its "
+                              "sharded weights cannot be read; use another checkpoint of the run")
+    return path
+
+
+def hf_files_dir(checkpoint: Path) -> Path:
+    """Where the checkpoint's model config and tokenizer files are: its hf_config/, else the model.path of the
+    config it was saved with (when that directory still exists)."""
+    from agentrl.trainer.checkpoint import CONFIG_FILE, HF_FILES_DIR, CheckpointError
+
+    own = checkpoint / HF_FILES_DIR
+    if (own / "config.json").is_file():
+        return own
+    saved = checkpoint / CONFIG_FILE
+    if saved.is_file():
+        import yaml
+
+        model_path = Path(yaml.safe_load(saved.read_text())["model"]["path"])
+        if (model_path / "config.json").is_file():
+            return model_path
+    raise CheckpointError(f"checkpoint {checkpoint} has no {HF_FILES_DIR}/config.json and the model.path in its "
+                          f"{CONFIG_FILE} holds no config.json; copy the model's config.json and tokenizer files "
+                          f"into {own}")
+
+
+def load_weights(checkpoint: Path) -> dict:
+    """The full (unsharded) model state dict {name: tensor} of a checkpoint, read in this process; the optimizer
+    state beside it is not read."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from agentrl.trainer.checkpoint import SHARDS_DIR, CheckpointError
+
+    shards = checkpoint / SHARDS_DIR
+    metadata = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    weights = {key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+               for key, meta in metadata.items()
+               if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+    if not weights:
+        raise CheckpointError(f"checkpoint {checkpoint}: {shards} holds no model weights")
+    state = {"model": weights}
+    with warnings.catch_warnings():  # reading in one process is the point here, not a mistake to warn about
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(shards)), no_dist=True)
+    return state["model"]
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """Write the checkpoint's weights, config and tokenizer as an HF model directory `out_dir` (which must not
+    exist yet, or be empty); returns it."""
+    from agentrl.trainer.checkpoint import CheckpointError
+    from agentrl.trainer.weight_sync import write_hf_checkpoint
+
+    checkpoint, out = check_checkpoint(checkpoint), Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"export output {out} already exists and is not empty; pass a new directory")
+    if out.exists():
+        out.rmdir()
+    return write_hf_checkpoint(load_weights(checkpoint), hf_files_dir(checkpoint), out)
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """An HF model directory for `path`: `path` itself when it has a config.json, else `path` as a checkpoint,
+    exported once into `<path>/hf/` (or a temporary directory when the checkpoint is read-only)."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    checkpoint = check_checkpoint(path)
+    cached = checkpoint / CACHE_DIR
+    if (cached / "config.json").is_file():
+        return cached
+    try:
+        out = export_checkpoint(checkpoint, cached)
+    except PermissionError:
+        out = export_checkpoint(checkpoint, Path(tempfile.mkdtemp(prefix="agentrl-export-")) / checkpoint.name)
+    print(f"exported checkpoint {checkpoint} to the model directory {out}", file=sys.stderr, flush=True)
+    return out
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="turn a sharded training checkpoint into an HF model directory",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="a RUN_DIR/checkpoints/step_NNNNNN folder")
+    p.add_argument("out", metavar="OUT_DIR", help="the model directory to write (new or empty)")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from agentrl.trainer.checkpoint import SHARDS_DIR, marker_step
+
+    out = export_checkpoint(args.checkpoint, args.out)
+    shards = len(list((Path(args.checkpoint) / SHARDS_DIR).glob("*.distcp")))
+    print(f"exported step {marker_step(Path(args.checkpoint))} of {args.checkpoint} ({shards} shard files) to {out}; "
+          f"load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
+__all__ = ["check_checkpoint", "export_checkpoint", "hf_files_dir", "load_weights", "resolve_model_dir"]

@@ -1,0 +1,192 @@
+"""Starting `agentrl train` in a run directory, so that the directory stays a faithful record of one run.
+
+`plan_start(cfg)` decides how the run starts and checks the config before anything is written;
+`prepare_run_dir(cfg, start)` then brings the directory to that start:
+
+- complete: with `trainer.resume: auto`, a run whose COMPLETE file says it reached `trainer.total_steps` (or went
+  beyond) is not run again; `final_model/` is left as it is.
+- resume from a checkpoint at step k (`auto`: the latest complete one in run_dir; or a checkpoint directory):
+  the config must agree with the checkpoint's on every key of `FIXED_ON_RESUME`, else one `ResumeConfigError`
+  names each key that differs. Then metrics.jsonl and episodes.jsonl are cut after step k, TensorBoard hides
+  its events after k, checkpoints after k (a continuation that is being replaced) are deleted, `final_model/`
+  and COMPLETE are removed, and the config is written to `config.resume-<k>.yaml`: config.yaml stays the config
+  of the first start. Every step then appears once, as an uninterrupted run writes it.
+- fresh (`trainer.resume: never`, or `auto` with no checkpoint): an earlier run in run_dir is moved aside to
+  `<run_dir>.old-N` and the run starts in an empty directory. A checkpoint outside run_dir starts run_dir the
+  same way, at the checkpoint's step.
+
+Other keys may change on resume and take effect from the next step; `trainer.total_steps` stretches the LR
+schedule (`agentrl.trainer.worker.lr_factor` is evaluated with the new total: from the next step on, the LR is
+what a run planned with the new total from the start would use).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from agentrl.config import save_config, to_dict
+from agentrl.errors import UserError
+from agentrl.trainer.checkpoint import (
+    CONFIG_FILE,
+    MARKER,
+    checkpoint_step,
+    checkpoints_root,
+    list_checkpoints,
+    marker_step,
+    resolve_resume,
+    write_marker,
+)
+from agentrl.trainer.config import TrainConfig
+from agentrl.trainer.metrics import METRICS_FILE, rewind_jsonl
+
+FINAL_MODEL_DIR = "final_model"
+TENSORBOARD_DIR = "tensorboard"
+
+# Keys a checkpoint is bound to: its weights and optimizer state belong to the model in this dtype, sharded over
+# world_size ranks, and its data-sampler position counts batches of these prompts in this order.
+FIXED_ON_RESUME = ("model.path", "model.dtype", "actor.world_size", "data.train_files", "data.shuffle", "data.seed",
+                   "data.train_batch_size", "actor.ppo_mini_batch_size", "rollout.n")
+_PATH_KEYS = ("model.path", "data.train_files")
+
+
+class ResumeConfigError(UserError):
+    """The config changed a key the checkpoint being resumed depends on."""
+
+
+@dataclass(frozen=True)
+class Start:
+    step: int  # RL steps already done: 0 for a fresh run
+    checkpoint: Path | None = None  # the checkpoint to load; None: fresh weights from model.path
+    complete: bool = False  # nothing to do: the run already reached trainer.total_steps
+
+
+def _dotted(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
+
+
+def _comparable(key: str, value):
+    if key in _PATH_KEYS and value is not None:
+        return [str(Path(v).resolve()) for v in value] if isinstance(value, list) else str(Path(value).resolve())
+    return value
+
+
+def resume_mismatches(current: dict, saved: dict) -> list[str]:
+    """`key (saved -> current)` for every key of FIXED_ON_RESUME whose value differs (paths compared resolved)."""
+    out = []
+    for key in FIXED_ON_RESUME:
+        old, new = _dotted(saved, key), _dotted(current, key)
+        if _comparable(key, old) != _comparable(key, new):
+            out.append(f"{key} ({old!r} -> {new!r})")
+    return out
+
+
+def check_resume_config(cfg: TrainConfig, checkpoint: Path) -> None:
+    """Raise ResumeConfigError naming every FIXED_ON_RESUME key on which `cfg` differs from the checkpoint's config."""
+    saved_path = checkpoint / CONFIG_FILE
+    if not saved_path.is_file():
+        return
+    diffs = resume_mismatches(to_dict(cfg), yaml.safe_load(saved_path.read_text()))
+    if diffs:
+        raise ResumeConfigError(f"cannot resume from {checkpoint}: the config differs from the checkpoint's in "
+                                f"{', '.join(diffs)}; set those keys back, or start over with trainer.resume=never "
+                                "(the earlier run is moved aside) or another trainer.run_dir")
+
+
+def plan_start(cfg: TrainConfig) -> Start:
+    """How this run starts; raises before anything is written when the checkpoint does not fit the config."""
+    run_dir = Path(cfg.trainer.run_dir)
+    if cfg.trainer.resume == "auto":
+        done = marker_step(run_dir)
+        if done is not None and done >= cfg.trainer.total_steps:
+            return Start(step=done, complete=True)
+    checkpoint = resolve_resume(cfg.trainer.resume, run_dir)
+    if checkpoint is None:
+        return Start(step=0)
+    check_resume_config(cfg, checkpoint)
+    return Start(step=checkpoint_step(checkpoint), checkpoint=checkpoint)
+
+
+RECORDS = (METRICS_FILE, "episodes.jsonl", "checkpoints", FINAL_MODEL_DIR, TENSORBOARD_DIR, MARKER)
+
+
+def has_records(run_dir: Path) -> bool:
+    """True when run_dir holds what a run writes (a lone config.yaml does not count: nothing ran)."""
+    return any((run_dir / name).exists() for name in RECORDS)
+
+
+def move_aside(path: Path) -> Path:
+    """Rename `path` to the first free `<path>.old-N` beside it and return the new path."""
+    n = 1
+    while (target := path.with_name(f"{path.name}.old-{n}")).exists():
+        n += 1
+    path.rename(target)
+    return target
+
+
+def rewind_run_dir(run_dir: Path, step: int) -> list[str]:
+    """Bring run_dir's records back to the end of `step`; returns what was removed, for the console."""
+    from agentrl.agent_loop.rollout import EPISODES_FILE
+
+    removed = [f"{name} rows after step {step}" for name in (METRICS_FILE, EPISODES_FILE)
+               if rewind_jsonl(run_dir / name, step)]
+    later = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) > step]
+    for path in later:
+        shutil.rmtree(path)
+    if later:
+        removed.append(f"checkpoints {', '.join(p.name for p in later)}")
+    if (run_dir / FINAL_MODEL_DIR).exists():
+        shutil.rmtree(run_dir / FINAL_MODEL_DIR)
+        removed.append(f"{FINAL_MODEL_DIR}/")
+    (run_dir / MARKER).unlink(missing_ok=True)
+    return removed
+
+
+def _in_run_dir(checkpoint: Path, run_dir: Path) -> bool:
+    return checkpoint.resolve().is_relative_to(checkpoints_root(run_dir).resolve())
+
+
+def prepare_run_dir(cfg: TrainConfig, start: Start) -> list[str]:
+    """Bring run_dir to `start` (see the module docstring) and write the config; returns notes for the console."""
+    run_dir = Path(cfg.trainer.run_dir)
+    notes, removed = [], []
+    resuming_here = start.checkpoint is not None and _in_run_dir(start.checkpoint, run_dir)
+    if resuming_here:
+        removed = rewind_run_dir(run_dir, start.step)
+    elif has_records(run_dir):
+        why = ("trainer.resume=never" if cfg.trainer.resume == "never" else
+               "no checkpoint to resume from" if start.checkpoint is None else "resuming from a checkpoint outside it")
+        notes.append(f"{run_dir} holds an earlier run ({why}): moved it to {move_aside(run_dir)}")
+    if start.checkpoint is not None:
+        notes.append(f"resuming after step {start.step} from {start.checkpoint}"
+                     + (f"; removed {', '.join(removed)}" if removed else ""))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    first = start.checkpoint is None or not (run_dir / CONFIG_FILE).exists()
+    save_config(cfg, run_dir, CONFIG_FILE if first else f"config.resume-{start.step}.yaml")
+    return notes
+
+
+def mark_complete(run_dir: str | Path, step: int) -> None:
+    """Record that the run reached `step`: `trainer.resume: auto` will not run it again up to that step."""
+    write_marker(Path(run_dir), step)
+
+
+__all__ = [
+    "FINAL_MODEL_DIR",
+    "FIXED_ON_RESUME",
+    "ResumeConfigError",
+    "Start",
+    "check_resume_config",
+    "has_records",
+    "mark_complete",
+    "move_aside",
+    "plan_start",
+    "prepare_run_dir",
+    "resume_mismatches",
+    "rewind_run_dir",
+]
