@@ -1,12 +1,18 @@
-"""Child services on loopback: pick a port, start a process in its own process group, wait until its health URL
-answers, and always stop the whole group (on success, errors and Ctrl-C alike).
+"""Services on loopback, from both ends.
 
-Used by the quickstart, `agentrl eval --serve-tools`, the benchmarks and the integration tests.
+Running one as a child: pick a port, start a process in its own process group, wait until its health URL
+answers, and always stop the whole group (on success, errors and Ctrl-C alike). Used by the quickstart,
+`agentrl eval --serve-tools`, the benchmarks and the integration tests.
+
+Being one (`agentrl tools serve`, `agentrl engine serve`, `agentrl sandbox serve`): `bind_port` takes the port
+first, so a taken port is one line before anything slow starts; `serve_asgi` runs the app on that socket and
+prints the "ready" line only once the app has started and the socket accepts connections.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -15,7 +21,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any, Awaitable, Callable, Iterator
+
+from agentrl.errors import UserError
 
 
 class ServiceStartError(RuntimeError):
@@ -35,6 +43,54 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+class PortInUseError(UserError):
+    """The port a service should listen on is taken (or the address is not this machine's)."""
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: a free one), ready for `serve_asgi`. A taken port raises
+    PortInUseError naming it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restarts need no TIME_WAIT wait
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUseError(f"port {port} on {host} is already in use: pass --port with a free port, or "
+                                 f"--port 0 to pick one") from None
+        raise PortInUseError(f"cannot listen on {host}:{port} ({e.strerror or e}): pass --host with an address "
+                             f"of this machine (e.g. 127.0.0.1) and --port with a free port") from None
+    return sock
+
+
+def serve_asgi(app: Any, sock: socket.socket, ready: Callable[[str], str], *,
+               before_start: Callable[[], Awaitable[None]] | None = None, **uvicorn_options: Any) -> None:
+    """Serve `app` with uvicorn on the bound `sock` (from `bind_port`; the caller closes it) until SIGINT/SIGTERM.
+
+    `ready(url)` returns the line printed on stderr once the app's start-up (lifespan) has finished and the
+    socket accepts connections, e.g. "tool service ready on http://127.0.0.1:8000"; a client that waits for
+    that line can connect at once. `before_start()` is awaited first, in the server's event loop: what it
+    raises (e.g. a UserError) leaves this function as is, where a lifespan error would be a logged traceback.
+    `uvicorn_options` go to `uvicorn.Config` (log_level, http, ...).
+    """
+    import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            if before_start is not None:
+                await before_start()
+            await super().startup(sockets=sockets)
+            if self.started:  # lifespan done and the socket listening (uvicorn exits itself if start-up failed)
+                print(ready(url), file=sys.stderr, flush=True)
+
+    ReadyServer(uvicorn.Config(app, **uvicorn_options)).run(sockets=[sock])
 
 
 def agentrl_command(*args: str) -> list[str]:

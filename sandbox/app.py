@@ -178,8 +178,8 @@ def create_app(cfg: SandboxConfig | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await svc.start()
-        log.warning("sandbox ready: backend=%s isolation=%s", svc.backend.name, svc.backend.isolation)
+        if svc.backend is None:  # `sandbox serve` starts the service first, so a start failure is one line
+            await svc.start()
         try:
             yield
         finally:

@@ -6,10 +6,12 @@ import argparse
 import logging
 import sys
 
+from agentrl.errors import UserError, debug_enabled, one_line
+
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (0: pick a free one); default 8080")
     p.add_argument("--backend", choices=["bwrap", "docker"], default=None, help="isolation backend (default bwrap)")
     p.add_argument("--allow-unsafe", action="store_true",
                    help="if no backend can isolate, run code as plain processes instead of refusing to start")
@@ -31,30 +33,32 @@ def build_config(args: argparse.Namespace):
     return load_config(SandboxConfig, args.config, overrides=args.overrides, data=data)
 
 
-def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+class SandboxStartError(UserError):
+    """The sandbox cannot start on this host (no isolation backend, a failed canary run)."""
 
+
+def serve(args: argparse.Namespace) -> int:
+    from agentrl.services import bind_port, serve_asgi
     from sandbox.app import create_app
     from sandbox.backends.base import BackendError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = build_config(args)
-    except ValueError as e:
-        print(f"sandbox: bad configuration: {e}", file=sys.stderr)
-        return 2
+    cfg = build_config(args)  # a ConfigError names the key
     app = create_app(cfg)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    try:
-        server.run()
-    except BackendError as e:
-        print(f"sandbox: cannot start: {e}", file=sys.stderr)
-        return 3
-    if not server.started:
-        print("sandbox: the service did not start (see the error above)", file=sys.stderr)
-        return 3
+    service = app.state.service
+
+    async def start() -> None:
+        try:
+            await service.start()
+        except BackendError as e:
+            raise SandboxStartError(f"sandbox cannot start: {e}") from None
+
+    def ready(url: str) -> str:
+        return f"sandbox ready on {url} (backend {service.backend.name}, isolation {service.backend.isolation})"
+
+    with bind_port(args.host, args.port) as sock:
+        serve_asgi(app, sock, ready, before_start=start, log_level=args.log_level, lifespan="on",
+                   timeout_graceful_shutdown=5)
     return 0
 
 
@@ -67,9 +71,19 @@ def add_commands(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m sandbox`: like `agentrl sandbox serve`, a UserError is one line on stderr and exit code 2."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serve":
         argv = argv[1:]
     parser = argparse.ArgumentParser(prog="python -m sandbox", description="code-execution sandbox service")
     add_serve_arguments(parser)
-    return serve(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return serve(args)
+    except UserError as e:
+        if debug_enabled():
+            raise
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

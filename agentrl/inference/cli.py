@@ -11,7 +11,7 @@ def add_commands(subparsers) -> None:
 
     serve = sub.add_parser("serve", help="serve a LocalEngine behind SGLang's native HTTP API (/generate, ...)")
     serve.add_argument("--model", required=True, help="Hugging Face model directory")
-    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--port", type=int, required=True, help="port to listen on (0: pick a free one)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--max-batch-size", type=int, default=32, help="decode slots (bounds KV-cache memory)")
     serve.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
@@ -44,23 +44,23 @@ def add_commands(subparsers) -> None:
 
 
 def _serve(args) -> int:
-    import uvicorn
-
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.local import LocalEngine
     from agentrl.inference.server import create_app
+    from agentrl.services import bind_port, serve_asgi
 
     config = EngineConfig(device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
                           max_model_len=args.max_model_len, max_queued_requests=args.max_queued_requests,
                           num_threads=args.num_threads)
-    engine = LocalEngine.from_pretrained(args.model, config)
-    app = create_app(engine, str(args.model))
-    print(f"agentrl engine serving {args.model} on http://{args.host}:{args.port} "
-          f"(max_batch_size={config.max_batch_size}, max_model_len={engine.max_model_len})", flush=True)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    finally:
-        engine.close_sync()
+    with bind_port(args.host, args.port) as sock:  # a taken port fails before the model loads
+        engine = LocalEngine.from_pretrained(args.model, config)
+        try:
+            serve_asgi(create_app(engine, str(args.model)), sock,
+                       lambda url: f"engine ready on {url} (model {args.model}, max_batch_size="
+                                   f"{config.max_batch_size}, max_model_len={engine.max_model_len})",
+                       log_level=args.log_level)
+        finally:
+            engine.close_sync()
     return 0
 
 

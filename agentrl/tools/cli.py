@@ -17,6 +17,28 @@ from typing import Any
 from agentrl.tools.errors import ToolSpecError
 
 
+SERVE_DESCRIPTION = """\
+Serve typed Python functions (or @tools) as an HTTP tool service. Each parameter needs a type hint: the
+hints and the Google-style docstring become the tool's JSON schema. It prints "tool service ready on URL"
+on stderr once it accepts calls.
+
+Routes:
+  GET  /tools          the OpenAI function schemas of the tools
+  POST /tools/NAME     call one tool; JSON body:
+                         {"arguments": {...}, "session_id": "..."}
+                       "arguments" (required): the tool's arguments as a JSON object, per its schema
+                       "session_id" (optional): an id from POST /sessions, for stateful tools
+                       answers {"content": str, "is_error": bool, "error_kind": str?, "metrics": {}?};
+                       a body without "arguments" (or not a JSON object) is a 400 saying so
+  POST /sessions       {"tools_kwargs": {tool: {...}}} -> {"session_id": ...}; DELETE /sessions/ID closes it
+  GET  /health         status, tools, stateful tools, open sessions, calls in flight
+
+Example:
+  agentrl tools serve agentrl.tools.builtin.calculator:calculator --port 8000
+  curl -s localhost:8000/tools/calculator -d '{"arguments": {"expression": "6*7"}}'
+"""
+
+
 def load_tool_spec(spec: str) -> list[Any]:
     """The functions named by `module:fn1,fn2` or `file.py:fn1,fn2`; errors name the missing piece."""
     if ":" not in spec:
@@ -56,7 +78,6 @@ def _serve(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as e:
         raise ToolSpecError(f"--tool-kwargs is not valid JSON ({e.msg}); e.g. '{{\"lookup\": {{\"kb_path\": "
                          f"\"kb.jsonl\"}}}}'") from None
-    print(f"serving {len(tools)} tool(s) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     serve(tools, host=args.host, port=args.port, defaults=defaults, max_concurrency=args.max_concurrency,
           idle_ttl_s=args.idle_ttl_s, log_level=args.log_level)
     return 0
@@ -89,10 +110,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     tools = subparsers.add_parser("tools", help="serve tools over HTTP, list configured tools")
     sub = tools.add_subparsers(dest="tools_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("serve", help="serve Python functions as a tool service (GET /tools, POST /tools/{name})")
+    p = sub.add_parser("serve", help="serve Python functions as a tool service (GET /tools, POST /tools/{name})",
+                       description=SERVE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("specs", nargs="+", metavar="SPEC", help="package.module:fn1,fn2 or path/to/file.py:fn1")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (0: pick a free one); default 8000")
     p.add_argument("--tool-kwargs", default=None,
                    help='JSON session defaults per tool, e.g. \'{"lookup": {"kb_path": "kb.jsonl"}}\'')
     p.add_argument("--max-concurrency", type=int, default=1024,

@@ -2,10 +2,15 @@
 
 Routes (the contract in DESIGN.md):
 - `GET /tools` -> list of OpenAI function schemas
-- `POST /tools/{name}` {arguments, session_id?} -> {content, is_error, error_kind?, metrics?}; an unknown tool
-  is a 404 whose body lists the known names; a session that is not open is a 404 with error_kind
-  "unknown_session"; when more than `max_concurrency` calls are in flight the call is refused with
-  503 + Retry-After (clients retry it), so an overloaded service sheds load instead of queueing without bound.
+- `POST /tools/{name}` with the JSON body `{"arguments": {...}, "session_id": "..."}` (`CALL_BODY`):
+  `arguments` (required) is the JSON object of the tool's arguments, shaped by its schema from `GET /tools`;
+  `session_id` (optional; omit or null for a one-call session) is an id from `POST /sessions`, for stateful
+  tools. A body that is not a JSON object, lacks `arguments` or has other fields is a 400 saying so. Answers
+  `{content, is_error, error_kind?, metrics?}`: arguments that do not match the schema (a non-object included)
+  are a 200 with error_kind "bad_arguments", since the model wrote them; an unknown tool is a 404 whose body
+  lists the known names; a session that is not open is a 404 with error_kind "unknown_session"; when more
+  than `max_concurrency` calls are in flight the call is refused with 503 + Retry-After (clients retry it), so
+  an overloaded service sheds load instead of queueing without bound.
 - `POST /sessions` {tools_kwargs?} -> {session_id}; `DELETE /sessions/{id}` -> {closed}
 - `GET /health` -> {status, tools, stateful_tools, sessions, in_flight}
 
@@ -29,10 +34,47 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from agentrl.services import free_port
+from agentrl.services import bind_port, serve_asgi
 from agentrl.tools.toolset import ToolSet, UnknownSessionError
 
 log = logging.getLogger(__name__)
+
+CALL_BODY = '{"arguments": {...}, "session_id": ...}'
+
+
+class CallBodyError(ValueError):
+    """A `POST /tools/{name}` body that is not `CALL_BODY`; the message is the 400's detail."""
+
+
+def parse_call_body(raw: bytes) -> tuple[Any, str | None]:
+    """(arguments, session_id) from a `POST /tools/{name}` body; raises CallBodyError saying what is wrong.
+
+    `arguments` is returned as sent (not necessarily an object): checking it against the tool's schema is the
+    tool's job, and its failure is the model's (a 200 with error_kind "bad_arguments").
+    """
+    if not raw.strip():
+        raise CallBodyError(f"body must be {CALL_BODY}: the body is empty")
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise CallBodyError(f"body must be {CALL_BODY}: it is not JSON ({e.msg})") from None
+    if not isinstance(body, dict):
+        raise CallBodyError(f"body must be {CALL_BODY}: got a JSON {_json_type(body)}, not an object")
+    if "arguments" not in body:
+        raise CallBodyError(f'body must be {CALL_BODY}: missing "arguments" (send {{}} for a tool without '
+                            f'arguments)')
+    extra = sorted(set(body) - {"arguments", "session_id"})
+    if extra:
+        raise CallBodyError(f"body must be {CALL_BODY}: unknown field(s) {', '.join(map(json.dumps, extra))}")
+    session_id = body.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        raise CallBodyError(f'"session_id" must be a string from POST /sessions, or null; got a JSON '
+                            f'{_json_type(session_id)}')
+    return body["arguments"], session_id
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
 
 
 def _json(body: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -76,12 +118,9 @@ class ToolServiceApp:
             if not message.get("more_body", False):
                 break
         try:
-            body = json.loads(raw or b"{}")
-        except json.JSONDecodeError as e:
-            await _send_json(send, 400, {"detail": f"request body is not JSON: {e.msg}"})
-            return
-        if not isinstance(body, dict):
-            await _send_json(send, 400, {"detail": "request body must be {\"arguments\": {...}, \"session_id\": ...}"})
+            arguments, session_id = parse_call_body(raw)
+        except CallBodyError as e:
+            await _send_json(send, 400, {"detail": str(e)})
             return
         if self.in_flight >= self.max_concurrency:
             await _send_json(send, 503, {"detail": f"tool service busy ({self.max_concurrency} calls in flight); "
@@ -90,10 +129,10 @@ class ToolServiceApp:
         self.in_flight += 1
         self.calls += 1
         try:
-            result = await toolset.call(name, body.get("arguments", {}), body.get("session_id"))
+            result = await toolset.call(name, arguments, session_id)
         except UnknownSessionError:
-            status, reply = 404, {"detail": f"session {body.get('session_id')!r} is not open here (closed, "
-                                            f"expired or the service restarted)", "error_kind": "unknown_session"}
+            status, reply = 404, {"detail": f"session {session_id!r} is not open here (closed, expired or the "
+                                            f"service restarted)", "error_kind": "unknown_session"}
         except Exception as e:  # the service boundary: a crash becomes a 500 the client maps
             log.exception("tool %s crashed the service", name)
             status, reply = 500, {"detail": f"tool service error in {name}: {type(e).__name__}: {e}"}
@@ -220,17 +259,22 @@ def http_protocol() -> type | str:
 def serve(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int = 8000,
           defaults: dict[str, dict] | None = None, max_concurrency: int = 1024, idle_ttl_s: float = 3600.0,
           log_level: str = "warning") -> None:
-    """Serve `tools` until interrupted (the Python API behind `agentrl tools serve`)."""
-    import uvicorn
+    """Serve `tools` until interrupted (the Python API behind `agentrl tools serve`; port 0 picks a free one).
 
+    Prints "tool service ready on URL (...)" on stderr once it accepts calls; a taken port raises PortInUseError.
+    """
     app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency, idle_ttl_s=idle_ttl_s)
-    # A process of its own: move everything built so far (imports, tools) out of the collector's sight, so a
-    # full collection walks only what is allocated while serving and never pauses every call in flight for
-    # tens of ms (measured: 50-90 ms with the start-up heap).
-    gc.collect()
-    gc.freeze()
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
-                proxy_headers=False, http=http_protocol())
+    names = app.toolset.names()
+    with bind_port(host, port) as sock:
+        # A process of its own: move everything built so far (imports, tools) out of the collector's sight, so a
+        # full collection walks only what is allocated while serving and never pauses every call in flight for
+        # tens of ms (measured: 50-90 ms with the start-up heap).
+        gc.collect()
+        gc.freeze()
+        listing = f"{len(names)} tool{'s' * (len(names) != 1)}: {', '.join(names)}"
+        serve_asgi(app, sock, lambda url: f"tool service ready on {url} ({listing})",
+                   log_level=log_level, access_log=False, timeout_graceful_shutdown=5, proxy_headers=False,
+                   http=http_protocol())
 
 
 @contextlib.contextmanager
@@ -240,16 +284,19 @@ def serve_in_thread(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", 
     """Run a tool service in a background thread of this process; yields its base URL (notebooks, examples)."""
     import uvicorn
 
-    port = port or free_port(host)
     app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                           proxy_headers=False, http=http_protocol()))
-    thread = threading.Thread(target=server.run, name=f"tool-service-{port}", daemon=True)
+    sock = bind_port(host, port)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, proxy_headers=False,
+                                           http=http_protocol()))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"tool-service-{port}",
+                              daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout_s
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
+            sock.close()
             raise RuntimeError(f"tool service on {host}:{port} did not start within {startup_timeout_s}s")
         time.sleep(0.02)
     try:
@@ -257,3 +304,4 @@ def serve_in_thread(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", 
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        sock.close()

@@ -72,6 +72,30 @@ async def test_tool_route_results_and_error_bodies():
         assert health["calls"] == 3 and health["in_flight"] == 0 and health["stateful_tools"] == ["bump"]
 
 
+async def test_a_call_body_without_arguments_is_a_400_that_says_so():
+    shape = 'body must be {"arguments": {...}, "session_id": ...}'
+    async with client_for(create_app([add, bump])) as c:
+        cases = [
+            ({"a": 2, "b": 3}, f'{shape}: missing "arguments"'),  # the arguments sent bare
+            ([{"arguments": {}}], f"{shape}: got a JSON array, not an object"),
+            ("add", f"{shape}: got a JSON string, not an object"),
+            ({"arguments": {}, "session": "s1"}, f'{shape}: unknown field(s) "session"'),
+            ({"arguments": {}, "session_id": 7}, '"session_id" must be a string from POST /sessions, or null'),
+        ]
+        for body, detail in cases:
+            r = await c.post("/tools/add", json=body)
+            assert r.status_code == 400 and r.json()["detail"].startswith(detail), (body, r.json())
+        for raw, detail in [(b"", f"{shape}: the body is empty"), (b"{oops", f"{shape}: it is not JSON")]:
+            r = await c.post("/tools/add", content=raw)
+            assert r.status_code == 400 and r.json()["detail"].startswith(detail), (raw, r.json())
+        # arguments the model got wrong (not an object) are the model's fault: a 200 with a policy error kind
+        wrong = (await c.post("/tools/add", json={"arguments": [2, 3]})).json()
+        assert wrong["error_kind"] == "bad_arguments" and "must be a JSON object" in wrong["content"]
+        ok = await c.post("/tools/add", json={"arguments": {"a": 1, "b": 1}, "session_id": None})
+        assert ok.json() == {"content": "2", "is_error": False}
+        assert (await c.get("/health")).json()["calls"] == 2  # refused bodies never reached a tool
+
+
 async def test_sessions_through_fastapi_routes_and_tool_route():
     toolset = ToolSet([bump])
     async with client_for(create_app(toolset)) as c:
