@@ -353,8 +353,9 @@ def runs_for_real(argv: list[str]) -> bool:
         return False
     rest = argv[1:]
     return ("--help" in rest or rest == ["--version"] or rest[:1] == ["init-model"] or rest[:2] in
-            (["data", "make"], ["data", "demos"], ["tools", "list"]) or (rest[:1] == ["train"] and "--print-config"
-            in rest) or (rest[:2] == ["engine", "launch-sglang"] and "--dry-run" in rest))
+            (["data", "make"], ["data", "demos"], ["tools", "list"])
+            or (rest[:1] in (["train"], ["sft"]) and bool({"--print-config", "--check"} & set(rest)))
+            or (rest[:2] == ["engine", "launch-sglang"] and "--dry-run" in rest))
 
 
 def run_command(ws: Workspace, cmd: Command) -> None:
