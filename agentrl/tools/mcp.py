@@ -150,8 +150,8 @@ class MCPToolService:
                     break
         except (ConnectionError, OSError) as e:
             raise ToolServiceError(f"{self.where} is unreachable ({one_line(str(e))[:200]}): start it or fix "
-                                   f"{field_key(self.key, 'url')} (the streamable HTTP endpoint, usually http://host:port/mcp)"
-                                   ) from None
+                                   f"{field_key(self.key, 'url')} (the streamable HTTP endpoint, usually "
+                                   f"http://host:port/mcp)") from None
         schemas = []
         for t in tools:
             schema = mcp_tool_to_openai(t)

@@ -112,8 +112,8 @@ class HTTPToolService:
 
     async def discover(self, limit: Limit) -> list[dict]:
         self._global = limit
-        not_ours = (f"is {self.cfg.url} an agentrl tool service (`agentrl tools serve`)? fix {field_key(self.key, 'url')} or "
-                    f"the service")
+        url_key = field_key(self.key, "url")
+        not_ours = f"is {self.cfg.url} an agentrl tool service (`agentrl tools serve`)? fix {url_key} or the service"
         try:
             tools = await self.client.get(f"{self.cfg.url}/tools", headers=self.cfg.headers, timeout=self._timeout)
             health = await self.client.get(f"{self.cfg.url}/health", headers=self.cfg.headers,
@@ -121,8 +121,7 @@ class HTTPToolService:
         except httpx.HTTPError as e:
             port = urlsplit(self.cfg.url).port or "PORT"
             raise ToolServiceError(f"{self.where} is unreachable ({unreachable_reason(e, self.cfg)}): start it "
-                                   f"with `agentrl tools serve module:fn --port {port}` or fix {field_key(self.key, 'url')}"
-                                   ) from None
+                                   f"with `agentrl tools serve module:fn --port {port}` or fix {url_key}") from None
         if tools.status_code != 200:
             raise ToolServiceError(f"{self.where} answered GET /tools with HTTP {tools.status_code} "
                                    f"({excerpt(tools.text)}): {not_ours}")
