@@ -8,6 +8,8 @@ of a backend in that episode opens the backend's session, and leaving the block 
 
 `call()` never raises for tool or infrastructure faults: the `ToolResult` says whose fault it was
 (`result.infra_error`), so the trainer can drop infra-failed episodes instead of training them as reward 0.
+Set-up problems (a service unreachable or answering garbage at `start()`, an unknown tool name in `schemas()`)
+raise the user errors of `agentrl.tools.errors`, each one line naming the service, URL, config key and fix.
 One registry lives in one event loop (it owns one pooled httpx client).
 """
 
