@@ -303,7 +303,8 @@ def declared_outputs(argv: list[str], ns) -> list[str]:
     if argv[:2] == ["agentrl", "export"]:
         return [argv[-1]]
     if argv[:2] == ["agentrl", "quickstart"] or argv[:2] == ["make", "quickstart"]:
-        return [getattr(ns, "run_dir", None) or "runs/quickstart"]
+        smoke = getattr(ns, "smoke", False)
+        return [getattr(ns, "run_dir", None) or ("runs/quickstart-smoke" if smoke else "runs/quickstart")]
     if argv[:3] == ["agentrl", "engine", "launch-sglang"] and ns.urls_file:
         return [ns.urls_file]
     return []
