@@ -4,6 +4,10 @@ From nothing downloaded: build a small model + tokenizer, generate task suites, 
 sandbox on loopback, SFT on scripted demonstrations (cold start), evaluate on the held-out split, run GRPO with
 tools (embedded engine + Ray FSDP trainer), evaluate again, and write `report.md` + `curves.png`.
 Every service is shut down at the end, on errors and on Ctrl-C.
+
+Each run starts clean in its run directory (`runs/quickstart`, `runs/quickstart-smoke` for `--smoke`): an
+earlier run there is moved aside to `<run_dir>.old-N`. The report says which settings, seed and agentrl commit
+produced it and how long each phase took.
 """
 
 from __future__ import annotations
@@ -17,19 +21,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl.errors import UserError
+
 
 @dataclass
 class QuickstartSettings:
     run_dir: str = "runs/quickstart"
-    size: str = "tiny"  # agentrl init-model size: tiny trains ~5x faster per step than small on 2 cores
+    smoke: bool = False  # --smoke: a miniature run (SMOKE) that checks every phase works; its numbers mean nothing
+    size: str = "tiny"  # agentrl init-model size: tiny is the fastest to train on a few CPU cores
     init: str = "copy"  # agentrl init-model --init: random weights plus a hand-set in-context copy circuit
     suites: list[str] = field(default_factory=lambda: ["calc", "lookup"])
     heldout_per_suite: int = 200
-    sft_demos_per_suite: int = 4000  # ~1.2 epochs in 600 steps: fewer repeats, fewer memorised format slips
-    sft_steps: int = 600  # ~0.5 s per step for the tiny model on 2 idle cores (small: ~2.3 s)
+    sft_demos_per_suite: int = 4000  # about 1.2 epochs at the default SFT steps and batch: few repeats
+    sft_steps: int = 600
     sft_batch_size: int = 16
     sft_lr: float = 2e-3
-    grpo_steps: int = 80  # ~6.5 s each on 2 idle cores; held-out calc gain 60 -> 80 steps: +7.0/+11.5 -> +14.5
+    grpo_steps: int = 80
     grpo_prompts_per_step: int = 8
     grpo_n: int = 8
     grpo_lr: float = 1e-4
@@ -44,7 +51,8 @@ class QuickstartSettings:
     with_sandbox: bool = True
 
 
-SMOKE = dict(size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps=4, sft_batch_size=8,
+SMOKE_RUN_DIR = "runs/quickstart-smoke"
+SMOKE = dict(smoke=True, size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps=4, sft_batch_size=8,
              grpo_steps=2, grpo_prompts_per_step=2, grpo_n=2, grpo_tasks_per_suite=8, max_response_tokens=96,
              max_assistant_turns=3)
 
@@ -168,21 +176,25 @@ def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path) -> None:
 
 def run_quickstart(s: QuickstartSettings) -> Path:
     """Run every phase; returns the report path."""
-    from agentrl.evaluation.report import markdown_report
     from agentrl.evaluation.run import evaluate
     from agentrl.models.tiny import build_tiny_model
     from agentrl.services import agentrl_command, run_service
     from agentrl.tools.client import ToolRegistry
     from agentrl.tools.config import ServiceConfig, ToolsConfig
     from agentrl.trainer.loop import FINAL_MODEL_DIR, train
-    from agentrl.trainer.sft import SFTConfig, SFTDataConfig, SFTRunConfig, run_sft
     from agentrl.trainer.config import ActorConfig, ModelConfig
+    from agentrl.trainer.console import quiet_third_party
+    from agentrl.trainer.resume import move_aside
+    from agentrl.trainer.sft import SFTConfig, SFTDataConfig, SFTRunConfig, run_sft
 
     # Ports first: a taken port fails in a second, not after the model and data are built.
     tools_port = _pick_port(s.tools_port, "tool service")
     sandbox_port = _pick_port(s.sandbox_port, "sandbox") if s.with_sandbox else None
     tools_url = f"http://127.0.0.1:{tools_port}"
+    quiet_third_party()
     root = Path(s.run_dir)
+    if root.exists() and any(root.iterdir()):
+        print(f"{root} holds an earlier quickstart: moved it to {move_aside(root)}; this run starts clean", flush=True)
     root.mkdir(parents=True, exist_ok=True)
     phase = Phases(total=8)
     started = time.perf_counter()
@@ -247,24 +259,69 @@ def run_quickstart(s: QuickstartSettings) -> Path:
     with phase("write the report and curves"):
         plot_curves(root / "sft", root / "grpo", root / "curves.png")
         report = root / "report.md"
-        total = time.perf_counter() - started
-        lines = [markdown_report("agentrl quickstart: held-out results (same greedy sampling for both)",
-                                 {"after SFT": before, "after GRPO": after}),
-                 "![curves](curves.png)", "", "## Settings", "", "```json",
-                 json.dumps(s.__dict__, indent=1), "```", "", "## Time per phase", ""]
-        lines += [f"- {name}: {sec:.0f}s" for name, sec in phase.timings.items()]
-        lines += [f"- total: {total:.0f}s", ""]
-        report.write_text("\n".join(lines))
+        report.write_text(report_text(s, {"after SFT": before, "after GRPO": after}, phase.timings,
+                                      time.perf_counter() - started))
     delta = after.get("pass@1", 0.0) - before.get("pass@1", 0.0)
     print(f"\nheld-out pass@1: after SFT {before.get('pass@1', 0.0):.1%} -> after GRPO "
           f"{after.get('pass@1', 0.0):.1%} ({delta:+.1%}); report: {report}", flush=True)
+    if s.smoke:
+        print("this was a smoke run: numbers near 0 are expected (see the report); run `agentrl quickstart` "
+              "without --smoke for the real before/after", flush=True)
     return report
+
+
+def source_commit(root: Path = Path(__file__).resolve().parent.parent) -> str:
+    """The git commit of the agentrl source in `root` (the one running), with a note when the tree has
+    uncommitted changes; a sentence saying it is unknown outside a git checkout."""
+    import subprocess
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (git is not available here)"
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root.resolve():
+        return "unknown (agentrl is not running from a git checkout)"
+    head = git("rev-parse", "HEAD").stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head + (" with uncommitted changes" if dirty else "")
+
+
+def smoke_note(s: QuickstartSettings) -> str:
+    return (f"**This is a smoke run** (`agentrl quickstart --smoke`): {s.sft_steps} SFT steps and {s.grpo_steps} GRPO "
+            f"steps of {s.grpo_prompts_per_step} prompts x {s.grpo_n} episodes, evaluated on {s.heldout_per_suite} "
+            "held-out tasks per suite, only check that every phase runs. A model trained this little solves almost "
+            "no task, so pass@1 at or near 0% before and after GRPO is expected. Run `agentrl quickstart` without "
+            "--smoke for a real before/after comparison.")
+
+
+def report_text(s: QuickstartSettings, results: dict[str, dict], timings: dict[str, float], total_s: float,
+                commit: str | None = None) -> str:
+    """report.md: (for a smoke run, first) what its numbers mean, the held-out tables, the curves, what produced
+    the run (seed, commit, settings) and the time per phase."""
+    from agentrl.evaluation.report import markdown_report
+    from agentrl.trainer.console import format_duration
+
+    lines = [f"> {smoke_note(s)}", ""] if s.smoke else []
+    lines += [markdown_report("agentrl quickstart: held-out results (same greedy sampling for both)", results),
+              "![curves](curves.png)", "", "## What produced this run", "",
+              f"- seed: {s.seed} (initial weights, data, sampling)",
+              f"- agentrl commit: {commit or source_commit()}",
+              "- settings:", "", "```json", json.dumps(s.__dict__, indent=1), "```", "", "## Time per phase", ""]
+    lines += [f"- {name}: {format_duration(sec)}" for name, sec in timings.items()]
+    lines += [f"- total: {format_duration(total_s)}", ""]
+    return "\n".join(lines)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quickstart", help="end to end on CPU: model, data, services, SFT, eval, GRPO, eval, report")
-    p.add_argument("--run-dir", default=QuickstartSettings.run_dir)
-    p.add_argument("--smoke", action="store_true", help="a minutes-long miniature run (tiny model, few tasks)")
+    p.add_argument("--run-dir", default=None,
+                   help=f"where everything goes (default {QuickstartSettings.run_dir}; with --smoke {SMOKE_RUN_DIR}); "
+                        "an earlier run there is moved aside")
+    p.add_argument("--smoke", action="store_true",
+                   help="a minutes-long miniature run (tiny model, few tasks) that checks every phase works")
     p.add_argument("--tools-port", type=int, default=None)
     p.add_argument("--sandbox-port", type=int, default=None)
     p.add_argument("--no-sandbox", action="store_true", help="do not start the sandbox (calc/lookup do not need it)")
@@ -273,8 +330,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_main)
 
 
-OWN_OPTIONS = {"run_dir": "--run-dir DIR", "tools_port": "--tools-port PORT", "sandbox_port": "--sandbox-port PORT",
-               "with_sandbox": "--no-sandbox"}
+OWN_OPTIONS = {"run_dir": "--run-dir DIR", "smoke": "--smoke", "tools_port": "--tools-port PORT",
+               "sandbox_port": "--sandbox-port PORT", "with_sandbox": "--no-sandbox"}
+
+
+class QuickstartError(UserError):
+    """A quickstart option or --set value that cannot be used."""
 
 
 def _setting_value(key: str, raw: str, field):
@@ -286,29 +347,34 @@ def _setting_value(key: str, raw: str, field):
     try:
         return kind(raw) if kind else yaml.safe_load(raw)
     except ValueError:
-        raise SystemExit(f"quickstart --set: {key}={raw!r} is not a valid {field.type}") from None
+        raise QuickstartError(f"quickstart --set: {key}={raw!r} is not a valid {field.type}") from None
 
 
-def _main(args: argparse.Namespace) -> int:
+def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
+    """The settings of `agentrl quickstart [--smoke] [--set KEY=VALUE ...]`: defaults, then SMOKE, then --set."""
     import dataclasses
-
-    from agentrl.services import ServiceStartError, sigterm_as_interrupt
+    import difflib
 
     values = dict(SMOKE) if args.smoke else {}
     fields = {f.name: f for f in dataclasses.fields(QuickstartSettings)}
     for item in args.set:
         key, _, raw = item.partition("=")
         if key not in fields:
-            import difflib
-
             close = difflib.get_close_matches(key, list(fields), n=1)
-            raise SystemExit(f"quickstart --set: unknown setting {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+            raise QuickstartError(f"quickstart --set: unknown setting {key!r}"
+                                  + (f"; did you mean {close[0]!r}?" if close else ""))
         if key in OWN_OPTIONS:
-            raise SystemExit(f"quickstart --set: {key} has its own option; use {OWN_OPTIONS[key]}")
+            raise QuickstartError(f"quickstart --set: {key} has its own option; use {OWN_OPTIONS[key]}")
         values[key] = _setting_value(key, raw, fields[key])
-    s = QuickstartSettings(run_dir=args.run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
-                           with_sandbox=not args.no_sandbox, **values)
+    run_dir = args.run_dir or (SMOKE_RUN_DIR if args.smoke else QuickstartSettings.run_dir)
+    return QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
+                              with_sandbox=not args.no_sandbox, **values)
 
+
+def _main(args: argparse.Namespace) -> int:
+    from agentrl.services import ServiceStartError, sigterm_as_interrupt
+
+    s = settings_from_args(args)
     sigterm_as_interrupt()
     try:
         run_quickstart(s)

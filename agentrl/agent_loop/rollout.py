@@ -36,9 +36,11 @@ class RolloutManager:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._calls_in_step: dict[int, int] = {}  # generate() calls so far in the current step
 
-    async def generate(self, tasks: list[Task], *, step: int = 0, n: int | None = None) -> list[Episode]:
+    async def generate(self, tasks: list[Task], *, step: int = 0, n: int | None = None,
+                       progress=None) -> list[Episode]:
         """Roll out every task `n` times (default `rollout.n`); returns episodes in task order, then sample
         index, with rewards filled in. Writes them to run_dir/episodes.jsonl when a run dir is set.
+        `progress`: what counts finished episodes (`update(1)`, `close()`); default a tqdm bar on a terminal.
 
         Group uids are f"step{step}-{k}-task{i}" with k counting the calls made for this step (refill rounds
         get distinct groups); sampling seeds derive from the uid, so a resumed run repeats them."""
@@ -52,7 +54,8 @@ class RolloutManager:
         call = self._calls_in_step.get(step, 0)
         self._calls_in_step = {step: call + 1}
         slots = asyncio.Semaphore(self.rollout_config.max_concurrent_episodes)
-        progress = _progress(len(tasks) * n, f"rollout step {step}")
+        if progress is None:
+            progress = _progress(len(tasks) * n, f"rollout step {step}")
 
         async def one(index: int, task: Task, sample: int) -> Episode:
             async with slots:

@@ -190,9 +190,12 @@ def _check_rollout(args: argparse.Namespace, cfg, tasks: list, models: list[tupl
 def _run_eval(args: argparse.Namespace) -> int:
     from agentrl.evaluation.run import EVAL_MD, compare_markdown, load_eval, model_label, unique_names
     from agentrl.preflight import check_output_path
+    from agentrl.trainer.export import is_checkpoint_dir, resolve_model_dir
 
     model = Path(args.model)
     compare = Path(args.compare) if args.compare else None
+    # a training checkpoint is evaluated as the model directory it exports to
+    model, compare = (resolve_model_dir(p) if p is not None and is_checkpoint_dir(p) else p for p in (model, compare))
     for what, path in (("--model", model), ("--compare", compare)):
         if path is None or _is_model_dir(path) or _is_eval_dir(path):
             continue

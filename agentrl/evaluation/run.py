@@ -6,11 +6,13 @@
     summary = asyncio.run(evaluate("runs/small-model", tasks, n=4, run_dir="runs/eval-small"))
     print(summary["pass@1"], summary["pass@4"])
 
-`evaluate` builds the engine (`make_engine`) unless one is passed, runs the same `RolloutManager` the trainer
-uses (so budgets, parsers, rewards and infra-failure handling are identical to training), and summarises the
-episodes with `agentrl.evaluation.metrics.summarize`. Sampling: greedy (temperature 0) by default when n == 1,
-temperature 1.0 when n > 1 (pass@k of n identical greedy samples would just repeat pass@1, so that mix is
-refused). The run directory receives:
+`evaluate` takes an HF model directory or a training checkpoint (exported on first use:
+`agentrl.trainer.export.resolve_model_dir`), builds the engine (`make_engine`) unless one is passed, runs the
+same `RolloutManager` the trainer uses (so budgets, parsers, rewards and infra-failure handling are identical
+to training), and summarises the episodes with `agentrl.evaluation.metrics.summarize`. Sampling: greedy
+(temperature 0) by default when n == 1, temperature 1.0 when n > 1 (pass@k of n identical greedy samples would
+just repeat pass@1, so that mix is refused). Progress: a bar on a terminal, else a plain line on stderr per
+tenth of the episodes, with an ETA. The run directory receives:
 
 - `eval.json`: {"name", "model", "tasks_source", "settings", "config", "summary", "infra_failures", "timing",
   "tasks": one row per task (rewards, successes, finish reasons, turns, the first sample's final answer)};
@@ -142,7 +144,8 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
                    reward_config: RewardConfig | None = None, tools=None, max_concurrent_episodes: int = 64,
                    success_threshold: float = 1.0, run_dir: str | Path | None = None, name: str | None = None,
                    engine=None, tasks_source: str = "") -> dict:
-    """Roll out every task `n` times with `model_path` and return the summary (`metrics.summarize`).
+    """Roll out every task `n` times with `model_path` (an HF model directory or a training checkpoint) and
+    return the summary (`metrics.summarize`).
 
     - `ks`: pass@k values (default `default_ks(n)`); `temperature`: None picks greedy for n == 1, else 1.0;
       `seed`: base sampling seed (None: unseeded); `success_threshold`: reward that counts as solved.
@@ -159,6 +162,13 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
         raise ValueError(f"every k of pass@k must be in 1..n={n}, got {ks}")
     if not tasks:
         raise ValueError("no tasks to evaluate")
+    from agentrl.trainer.console import progress, quiet_third_party
+    from agentrl.trainer.export import resolve_model_dir
+
+    quiet_third_party()
+    if engine is None:  # a checkpoint is exported to a model directory the engine can load
+        model_path = resolve_model_dir(model_path)
+    name = name or model_label(model_path)
     engine_config = engine_config or EngineConfig()
     agent_config = agent_config or AgentLoopConfig()
     reward_config = reward_config or RewardConfig()
@@ -187,7 +197,7 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
         tokenizer = _tokenizer(engine, model_path)
         t_ready = time.monotonic()
         manager = RolloutManager(engine, tokenizer, registry, agent_config, sampling, reward_config, run_dir=out)
-        episodes = await manager.generate(tasks, n=n)
+        episodes = await manager.generate(tasks, n=n, progress=progress(len(tasks) * n, f"eval {name}"))
         t_done = time.monotonic()
     finally:
         if own_engine and engine is not None and hasattr(engine, "close"):
@@ -196,7 +206,6 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
             await registry.aclose()
 
     summary = summarize(episodes, ks=ks, success_threshold=success_threshold)
-    name = name or model_label(model_path)
     model_tokens = sum(sum(e.response_mask) for e in episodes)
     record = {
         "name": name,

@@ -116,6 +116,14 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     return write_hf_checkpoint(load_weights(checkpoint), hf_files_dir(checkpoint), out)
 
 
+def is_checkpoint_dir(path: str | Path) -> bool:
+    """True for what looks like a trainer checkpoint (complete or not): a step_NNNNNN folder or one with actor/."""
+    from agentrl.trainer.checkpoint import SHARDS_DIR
+
+    path = Path(path)
+    return path.is_dir() and (path.name.startswith("step_") or (path / SHARDS_DIR).is_dir())
+
+
 def resolve_model_dir(path: str | Path) -> Path:
     """An HF model directory for `path`: `path` itself when it has a config.json, else `path` as a checkpoint,
     exported once into `<path>/hf/` (or a temporary directory when the checkpoint is read-only)."""
@@ -152,4 +160,5 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["check_checkpoint", "export_checkpoint", "hf_files_dir", "load_weights", "resolve_model_dir"]
+__all__ = ["check_checkpoint", "export_checkpoint", "hf_files_dir", "is_checkpoint_dir", "load_weights",
+           "resolve_model_dir"]

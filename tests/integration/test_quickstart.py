@@ -20,14 +20,24 @@ def _listening(port: int) -> bool:
 
 def test_smoke_quickstart_runs_every_phase_and_stops_its_services(tmp_path):
     run_dir = tmp_path / "qs"
+    run_dir.mkdir()
+    (run_dir / "report.md").write_text("an earlier run")
     proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "quickstart", "--smoke", "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     for phase in range(1, 9):
         assert f"[{phase}/8]" in out
+    # the earlier run was moved aside, not appended to
+    assert f"{run_dir} holds an earlier quickstart: moved it to {tmp_path / 'qs.old-1'}" in out
+    assert (tmp_path / "qs.old-1" / "report.md").read_text() == "an earlier run"
+    # a log reads like a terminal: our first lines and progress lines, no bars, colours or third-party notices
+    assert "sft: run dir " in out and "train: run dir " in out and "eval after SFT: " in out
+    assert "\r" not in out and "\x1b[" not in out
+    assert "Loading weights" not in out and "Token authentication" not in out
     report = (run_dir / "report.md").read_text()
     assert "| metric | after SFT | after GRPO |" in report and "## calc/heldout" in report
+    assert "**This is a smoke run**" in report and "- agentrl commit: " in report and "## Time per phase" in report
     assert (run_dir / "curves.png").stat().st_size > 10_000
     before = json.loads((run_dir / "eval-sft" / "eval.json").read_text())
     after = json.loads((run_dir / "eval-grpo" / "eval.json").read_text())

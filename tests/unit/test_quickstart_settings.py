@@ -1,12 +1,27 @@
-"""`agentrl quickstart --set key=value`: values take the setting's declared type."""
+"""`agentrl quickstart` settings and report: --set values take the setting's declared type, --smoke has its own
+run directory, and the report says what produced it (seed, commit, phase times) and what a smoke run's numbers
+mean."""
 
 import dataclasses
 
 import pytest
 
-from agentrl.quickstart import QuickstartSettings, _setting_value
+from agentrl.cli import build_parser, main
+from agentrl.quickstart import (
+    SMOKE_RUN_DIR,
+    QuickstartError,
+    QuickstartSettings,
+    _setting_value,
+    report_text,
+    settings_from_args,
+    source_commit,
+)
 
 FIELDS = {f.name: f for f in dataclasses.fields(QuickstartSettings)}
+
+
+def settings(*argv: str) -> QuickstartSettings:
+    return settings_from_args(build_parser().parse_args(["quickstart", *argv]))
 
 
 def test_numbers_follow_the_declared_type():
@@ -18,7 +33,7 @@ def test_numbers_follow_the_declared_type():
 
 
 def test_a_value_of_the_wrong_type_names_the_key():
-    with pytest.raises(SystemExit, match="sft_steps='many' is not a valid int"):
+    with pytest.raises(QuickstartError, match="sft_steps='many' is not a valid int"):
         _setting_value("sft_steps", "many", FIELDS["sft_steps"])
 
 
@@ -26,9 +41,32 @@ def test_booleans_read_as_yaml():
     assert _setting_value("grpo_hard_tasks", "false", FIELDS["grpo_hard_tasks"]) is False
 
 
-@pytest.mark.parametrize("key,option", [("run_dir", "--run-dir"), ("tools_port", "--tools-port")])
-def test_settings_with_their_own_option_are_refused_in_set(key, option):
-    from agentrl.cli import main
+@pytest.mark.parametrize("key,option", [("run_dir", "--run-dir"), ("tools_port", "--tools-port"),
+                                        ("smoke", "--smoke")])
+def test_settings_with_their_own_option_are_refused_in_set(key, option, capsys):
+    assert main(["quickstart", "--set", f"{key}=1"]) == 2
+    assert f"error: quickstart --set: {key} has its own option; use {option}" in capsys.readouterr().err
 
-    with pytest.raises(SystemExit, match=f"{key} has its own option; use {option}"):
-        main(["quickstart", "--set", f"{key}=1"])
+
+def test_a_smoke_run_has_its_own_run_directory():
+    smoke, full = settings("--smoke"), settings()
+    assert (smoke.run_dir, smoke.smoke) == (SMOKE_RUN_DIR, True) and smoke.sft_steps < full.sft_steps
+    assert (full.run_dir, full.smoke) == (QuickstartSettings.run_dir, False)
+    assert settings("--smoke", "--run-dir", "elsewhere").run_dir == "elsewhere"
+
+
+def test_report_says_what_produced_it_and_what_smoke_numbers_mean():
+    results = {"after SFT": {"pass@1": 0.0, "num_tasks": 16}, "after GRPO": {"pass@1": 0.0, "num_tasks": 16}}
+    timings = {"build the model": 3.2, "GRPO": 75.0}
+    smoke = report_text(settings("--smoke"), results, timings, 80.0, commit="abc123 with uncommitted changes")
+    assert "**This is a smoke run**" in smoke and "pass@1 at or near 0% before and after GRPO is expected" in smoke
+    assert "- seed: 0 (initial weights, data, sampling)" in smoke
+    assert "- agentrl commit: abc123 with uncommitted changes" in smoke
+    assert "- build the model: 3s" in smoke and "- GRPO: 1m15s" in smoke and "- total: 1m20s" in smoke
+    assert "smoke run" not in report_text(settings(), results, timings, 80.0, commit="abc123")
+
+
+def test_the_commit_is_known_in_a_checkout_and_said_to_be_unknown_outside(tmp_path):
+    commit = source_commit()
+    assert len(commit.split()[0]) == 40 or commit.startswith("unknown (")
+    assert source_commit(tmp_path) == "unknown (agentrl is not running from a git checkout)"

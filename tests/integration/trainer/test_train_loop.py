@@ -1,5 +1,7 @@
 """End to end: `agentrl train`'s loop on the tiny model with a real HTTP tool service, the LocalEngine and two
-Ray FSDP ranks (sharded checkpoints); then a resume from the step-1 checkpoint must reproduce step 2."""
+Ray FSDP ranks (sharded checkpoints); then running it again is a no-op, a resume from the step-1 checkpoint
+rewrites the run directory exactly as the uninterrupted run wrote it, and a checkpoint exports to the trained
+weights."""
 
 from __future__ import annotations
 
@@ -58,13 +60,28 @@ def comparable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))}
 
 
-def test_two_step_grpo_run_and_exact_resume(ray_session, tiny_model_dir, calc_tasks, calculator_service, tmp_path):
+EPISODE_FIELDS = ("step", "uid", "sample_index", "prompt_ids", "response_ids", "response_mask", "reward",
+                  "finish_reason", "num_turns", "infra_error")
+
+
+def episode_rows(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_grpo_run_resume_rerun_and_export(ray_session, tiny_model_dir, calc_tasks, calculator_service, tmp_path,
+                                          capsys):
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.trainer.export import export_checkpoint
     from agentrl.trainer.loop import train
 
-    run_a = tmp_path / "a"
-    train(config(tiny_model_dir, calc_tasks, calculator_service, run_a))
+    run = tmp_path / "run"
+    train(config(tiny_model_dir, calc_tasks, calculator_service, run))
+    out = capsys.readouterr().out
+    assert out.startswith(f"train: run dir {run} | model {tiny_model_dir} | tasks 16 ")
+    assert "| batch 2 prompts x 4 episodes | engine local | world size 2" in out.splitlines()[0]
 
-    rows = [r for r in read_metrics(run_a) if "actor/pg_loss" in r]
+    rows = [r for r in read_metrics(run) if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert row["data/infra_failed"] == 0
@@ -76,23 +93,45 @@ def test_two_step_grpo_run_and_exact_resume(ray_session, tiny_model_dir, calc_ta
             assert key in row, key
     # Step 2 was sampled by the engine after the step-1 weight sync: rollout and trainer logprobs agree.
     assert rows[1]["drift/abs_max"] < 1e-4
-    assert any(k.startswith("val/reward/mean") for r in read_metrics(run_a) for k in r)
-    assert [p.name for p in list_checkpoints(run_a)] == ["step_000001", "step_000002"]
-    assert (run_a / "config.yaml").is_file() and (run_a / "episodes.jsonl").is_file()
-    # The trained policy is exported as a plain HF model dir, identical to the final checkpoint's weights.
-    from transformers import AutoModelForCausalLM
+    assert any(k.startswith("val/reward/mean") for r in read_metrics(run) for k in r)
+    assert [p.name for p in list_checkpoints(run)] == ["step_000001", "step_000002"]
+    assert (run / "config.yaml").is_file() and (run / "episodes.jsonl").is_file()
+    # The trained policy is exported as a plain HF model dir that differs from the initial weights.
+    final = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert any(not torch.equal(final[k], initial[k]) for k in final)
+    uninterrupted_metrics, uninterrupted_episodes = read_metrics(run), episode_rows(run)
+    first_config = (run / "config.yaml").read_text()
 
-    final = AutoModelForCausalLM.from_pretrained(run_a / "final_model")
-    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    moved = [not torch.equal(a, b) for a, b in zip(final.state_dict().values(), initial.state_dict().values())]
-    assert any(moved)
+    # Running the finished run again does nothing and leaves final_model as it is.
+    written = (run / "final_model" / "model.safetensors").stat().st_ino
+    train(config(tiny_model_dir, calc_tasks, calculator_service, run))
+    assert "run already complete at step 2 (use trainer.resume=never to start over)" in capsys.readouterr().out
+    assert (run / "final_model" / "model.safetensors").stat().st_ino == written
 
-    run_b = tmp_path / "b"
-    train(config(tiny_model_dir, calc_tasks, calculator_service, run_b,
-                 f"trainer.resume={run_a / 'checkpoints' / 'step_000001'}"))
-    resumed = [r for r in read_metrics(run_b) if "actor/pg_loss" in r]
-    assert [r["step"] for r in resumed] == [2]
-    want, got = comparable(rows[1]), comparable(resumed[0])
-    assert want.keys() == got.keys()
-    for key in want:
-        assert got[key] == pytest.approx(want[key], abs=1e-5), key
+    # A run stopped after step 2 and resumed from the step-1 checkpoint: metrics.jsonl and episodes.jsonl hold
+    # every step once, as the uninterrupted run wrote them, and the final weights are the same.
+    train(config(tiny_model_dir, calc_tasks, calculator_service, run,
+                 f"trainer.resume={run / 'checkpoints' / 'step_000001'}"))
+    assert f"resuming after step 1 from {run / 'checkpoints' / 'step_000001'}" in capsys.readouterr().out
+    resumed = read_metrics(run)
+    assert [r["step"] for r in resumed] == [r["step"] for r in uninterrupted_metrics] == [0, 1, 2]
+    for want, got in zip(uninterrupted_metrics, resumed):
+        want, got = comparable(want), comparable(got)
+        assert want.keys() == got.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], abs=1e-5), key
+    episodes = episode_rows(run)
+    assert [[e[k] for k in EPISODE_FIELDS] for e in episodes] == \
+        [[e[k] for k in EPISODE_FIELDS] for e in uninterrupted_episodes]
+    for want, got in zip(uninterrupted_episodes, episodes):
+        assert got["response_logprobs"] == pytest.approx(want["response_logprobs"], abs=1e-5)
+    assert (run / "config.yaml").read_text() == first_config and (run / "config.resume-1.yaml").is_file()
+    refinal = AutoModelForCausalLM.from_pretrained(run / "final_model").state_dict()
+    for key in final:
+        torch.testing.assert_close(refinal[key], final[key], atol=1e-6, rtol=0, msg=key)
+
+    # The sharded step-2 checkpoint (2 ranks) exports to the same weights as final_model.
+    exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(run / "checkpoints" / "step_000002",
+                                                                      tmp_path / "exported")).state_dict()
+    assert all(torch.equal(exported[k], refinal[k]) for k in refinal)

@@ -89,11 +89,15 @@ def tokenizer(tiny_model_dir):
 KINDS = ["wrong", "flaky", "right", "detour", "wrong", "flaky", "right", "detour", "down"]
 
 
-async def test_evaluate_writes_consistent_eval_json_and_markdown(tiny_model_dir, tokenizer, tmp_path):
+async def test_evaluate_writes_consistent_eval_json_and_markdown(tiny_model_dir, tokenizer, tmp_path, capsys):
     tasks = suite_tasks("calc", num_tasks=len(KINDS), out_dir=tmp_path / "data")
     run_dir = tmp_path / "run"
     summary = await evaluate(tiny_model_dir, tasks, n=2, engine=SolverEngine(tokenizer, tasks, KINDS),
                              run_dir=run_dir, name="solver", tasks_source="calc test")
+    # stderr is not a terminal here: plain progress lines with an ETA, as a log file would get them
+    progress = capsys.readouterr().err.splitlines()
+    assert progress[0].startswith("eval solver: 2/18 episodes (11%), ") and "eta" in progress[0]
+    assert progress[-1].startswith("eval solver: 18/18 episodes (100%)") and len(progress) == 10
     record = load_eval(run_dir)
     assert record["summary"] == summary
     # the numbers a user reads, known from the script: 8 valid tasks with c = 0, 1, 2, 2 (twice each) of n = 2

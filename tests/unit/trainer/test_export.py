@@ -4,6 +4,7 @@ exported is one clear error line."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -86,3 +87,14 @@ def test_what_cannot_be_exported_is_one_clear_line(trained, tmp_path):
     with pytest.raises(CheckpointError, match="already exists and is not empty"):
         export_checkpoint(checkpoint, tmp_path / "taken")
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+
+
+def test_eval_takes_a_checkpoint_as_its_model(trained, tmp_path, capsys):
+    from agentrl.cli import main
+
+    checkpoint, _ = trained
+    out = tmp_path / "eval"
+    code = main(["eval", "--model", str(checkpoint), "--suite", "calc", "--num-tasks", "1", "--out", str(out),
+                 "-o", "agent.max_response_tokens=8", "-o", "agent.max_assistant_turns=1"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((out / "eval.json").read_text())["model"] == str(checkpoint / "hf")
