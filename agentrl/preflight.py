@@ -170,15 +170,15 @@ def served_tools(tools, what: str = "tools") -> tuple[set[str] | None, list[str]
 
 
 async def _discover(tools, what: str) -> tuple[set[str] | None, list[str]]:
-    from agentrl.tools.client import ToolRegistry, ToolServiceError
+    from agentrl.tools.client import ToolRegistry
 
-    failures = (UserError, ToolServiceError)
+    failures = UserError  # every set-up error of the tools package (agentrl.tools.errors) is one
     try:
         if isinstance(tools, (str, Path)):
             registry = ToolRegistry.from_config(tools)
         else:
             registry = ToolRegistry.from_tools_config(tools)
-    except (*failures, ValueError) as e:  # unknown tools_kwargs, a bad functions entry, a missing tools YAML
+    except (failures, ValueError) as e:  # unknown tools_kwargs, a bad functions entry, a missing tools YAML
         return None, [f"{what}: {e}"]
     try:
         try:

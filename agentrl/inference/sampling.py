@@ -80,7 +80,7 @@ def sample_batch(logits_B_V: torch.Tensor, params: list[SamplingParams],
     # dividing by T = 1 is exact, so an all-T=1 batch (greedy rows included) skips a pass over [B, V]
     logp_B_V = torch.log_softmax(logits_B_V, dim=-1) if all(t == 1.0 for t in temps) else \
         scaled_logprobs(logits_B_V, temps_B)
-    # numpy's argmax: the same first-maximum rule as torch.argmax, ~10x faster on CPU (85 us -> 8 us for [32, 3072])
+    # numpy's argmax: the same first-maximum rule as torch.argmax, and several times faster on CPU
     tokens_B = torch.from_numpy(logits_B_V.numpy().argmax(-1)) if logits_B_V.device.type == "cpu" else \
         torch.argmax(logits_B_V, dim=-1)
     for i, p in enumerate(params):

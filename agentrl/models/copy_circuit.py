@@ -5,8 +5,7 @@ answer is copied from the tool's response. Pretrained LMs do this with *inductio
 writes "which token came before me" into each position, and a later head matches the current token against it,
 attending to the token that followed the earlier occurrence and copying it. A randomly initialised model has to
 discover that two-layer circuit by gradient descent, which takes far longer than the CPU quickstart's budget
-(measured: no sign of it after 300 steps of dense copy data on the small model, and 1,000 SFT steps on tool
-transcripts left digit accuracy at chance). So `build_tiny_model(init="copy")` sets the circuit's weights
+(docs/benchmarks.md, "Copy circuit"). So `build_tiny_model(init="copy")` sets the circuit's weights
 directly, in a normal Qwen2 model (no new modules; every weight stays trainable, and SFT/RL adapt it freely):
 
 - embeddings (tied with the LM head) live in the first `c = head_dim` residual dims, random with std `sigma`;
@@ -21,8 +20,8 @@ directly, in a normal Qwen2 model (no new modules; every weight stays trainable,
   ("zero-init residual branches"), so the copy signal reaches the LM head clean; their input weights stay random,
   so training can switch them on.
 
-With the two-token (bigram) match, the small model predicts repeated spans of random tokens or digits about 90%
-right before any training (digit runs like `7006` are where single-token matching is ambiguous).
+The match is on two tokens (bigrams) because single-token matching is ambiguous inside digit runs like `7006`;
+how well the untrained circuit copies is in docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ against the ideal concurrency / latency, plus the per-call overhead (registry + 
 tool's own latency. The in-process registry runs the same load as a reference in the same run.
 
 Before the loads the bench freezes its start-up heap (`gc.collect(); gc.freeze()`, as the tool service does
-after start-up): a full collection walks every object the process holds (here ~35k from the CLI's imports,
-~40 ms on 2 busy cores) and would stall every call in flight, which says more about the calling process than
+after start-up): a full collection walks every object the process holds (tens of thousands from the CLI's
+imports) and would stall every call in flight, which says more about the calling process than
 about the registry. Long-running callers (a trainer) should freeze after loading too. `--no-gc-freeze`
 measures without it, and every line reports the collector's full collections and longest pause during the load.
 """

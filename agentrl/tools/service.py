@@ -241,8 +241,8 @@ def http_protocol() -> type | str:
     """uvicorn's httptools protocol with each response's head and body sent in one socket write.
 
     uvicorn writes the head and the body of a response separately: two `send()` calls in the service and often
-    two wake-ups in the client per tool call. Coalescing them measured ~10% less service CPU per call and a
-    lower p99 in `agentrl bench tools`. Falls back to uvicorn's own choice if its httptools protocol moves.
+    two wake-ups in the client per tool call; one write costs less service CPU per call and lowers the p99
+    (`agentrl bench tools`, docs/benchmarks.md). Falls back to uvicorn's own choice if its httptools protocol moves.
     """
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -268,7 +268,7 @@ def serve(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int 
     with bind_port(host, port) as sock:
         # A process of its own: move everything built so far (imports, tools) out of the collector's sight, so a
         # full collection walks only what is allocated while serving and never pauses every call in flight for
-        # tens of ms (measured: 50-90 ms with the start-up heap).
+        # the tens of ms a walk of the start-up heap takes.
         gc.collect()
         gc.freeze()
         listing = f"{len(names)} tool{'s' * (len(names) != 1)}: {', '.join(names)}"

@@ -1,11 +1,10 @@
 """The registry's HTTP/1.1 transport: keep-alive connections on asyncio protocols, responses parsed by httptools.
 
 The registry keeps one shared `httpx.AsyncClient` (discovery, sessions) whose transport is a `PooledTransport`;
-tool calls use the same transport's `roundtrip()` directly with request bytes built once per tool. Why not
-httpcore's pool: one pool scans (`poll()`s) every pooled connection per request, and even split into shards of
-2 connections it spent ~0.7 ms of CPU per call at concurrency 64 against a 50 ms tool (connections opened and
-closed as shards overflowed, anyio checkpoints, h11's pure-Python parser, two socket writes per request), which
-on a 2-core machine shared with the tool service capped throughput and set the p99.
+tool calls use the same transport's `roundtrip()` directly with request bytes built once per tool. It exists
+because httpcore's pool costs several times more CPU per call at high concurrency (it polls every pooled
+connection per request, parses in pure Python and writes each request twice), which on a small machine shared
+with the tool service caps throughput and sets the p99 (docs/benchmarks.md, "Tool calls").
 Here a request is one `transport.write`, the response is parsed in C as it arrives (`data_received`), and one
 timer bounds the whole exchange.
 

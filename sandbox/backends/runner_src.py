@@ -131,7 +131,7 @@ def _child(req):
         status = _run_python(req["code"])
         # What `python -c` does at exit that a program can observe: non-daemon threads are joined, atexit
         # handlers run, buffers are flushed. The rest of interpreter finalisation is skipped: in a forked child
-        # it touches every inherited page (copy-on-write) and costs ~8 ms for nothing.
+        # it touches every inherited page (copy-on-write), milliseconds per run for nothing.
         try:
             if "threading" in sys.modules:
                 sys.modules["threading"]._shutdown()

@@ -16,14 +16,12 @@ Splits differ in distribution, not only seed:
 so no held-out problem can occur in training (other names), held-out numbers are larger on average and its
 three-operation chains are never seen in training. Held-out numbers stay within the trained digit lengths on
 purpose: a model of a million parameters does not extrapolate copying to longer numbers than it was trained on
-(measured: trained on 2-4 digits, it cut 5-6 digit operands to their first 4 digits in 50 of 200 held-out
-problems even after GRPO).
+(it cuts longer operands to the trained length; docs/benchmarks.md).
 
 The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) draws from the same split with
 70% two-operation problems over the upper part of the train range (3-5 digit operands, train people): RL
-practises carrying every operand of a longer problem over, in order, which is what held-out problems ask most.
-Measured from one SFT model (GRPO 60 steps, 200 held-out tasks per suite): 70% two-operation over 2-5 digits,
-held-out calc 37.5% -> 42.5% (37.0% with 4 optimizer steps per step); over 3-5 digits, 37.5% -> 49.0%.
+practises carrying every operand of a longer problem over, in order, which is what held-out problems ask most
+(the mixes compared are in docs/benchmarks.md).
 
 The reward is `numeric` with tolerance 0 (exact): the numeric reward's default 1e-6 is also a *relative*
 tolerance, which would accept an 11-digit answer with its last four digits wrong.

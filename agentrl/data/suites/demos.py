@@ -5,9 +5,8 @@ and a `tool` message with the tool's real output, then a final assistant message
 
 - calc:   calculator(" " + expression) once; answer `<answer>{the result's value}</answer>`. The leading space
           makes every operand follow the token it follows in the question (numbers tokenize as " ", digits), so
-          the first operand is copied like the others; written right after the JSON quote, its first digit had
-          nothing in the question to match, and the tiny model often never learned it (measured, greedy on 50 train
-          tasks after 600 SFT steps on the same 8,000 demos: first operand wrong in 45 without the space, 0 with).
+          the first operand is copied like the others; written right after the JSON quote, its first digit has
+          nothing in the question to match, and the tiny model often never learns it (docs/benchmarks.md).
 - lookup: lookup(entity) once per hop, the second hop on the value the first response showed; answer
           `<answer>{value}</answer>`.
 - code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python

@@ -5,9 +5,8 @@ hang the service.
 
 The result is JSON, like the lookup tool's: `{"value": "42"}`, the number as exact decimal text (JSON numbers lose
 digits past 2**53 in many parsers). A model then copies a result into its answer the way it copies any tool's
-field: the value after `": "`, one learned skill for every JSON tool instead of one more per tool. (Measured on
-the quickstart's tiny model: with the bare number, two SFT runs of three never learned to copy the result's first
-digit into the answer, while the same runs copied lookup's JSON values.)
+field: the value after `": "`, one learned skill for every JSON tool instead of one more per tool (with a bare
+number the tiny model often never learns to copy the result's first digit; docs/benchmarks.md).
 """
 
 from __future__ import annotations
