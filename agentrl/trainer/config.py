@@ -135,11 +135,14 @@ class AlgorithmConfig:
 @dataclass
 class TrainerConfig:
     total_steps: int = 10  # RL steps
-    run_dir: str = "runs/default"  # metrics.jsonl, episodes.jsonl, checkpoints/, config.yaml
+    # config.yaml (+ config.resume-<step>.yaml), metrics.jsonl, episodes.jsonl, checkpoints/, final_model/, COMPLETE
+    run_dir: str = "runs/default"
     test_freq: int = 0  # validate every N steps (and before step 1 and after the last); 0: never
     save_freq: int = 0  # checkpoint every N steps (and after the last); 0: never
     keep_checkpoints: int = 2  # newest complete checkpoints kept on disk; 0: keep all
-    resume: str = "auto"  # "auto": latest complete checkpoint in run_dir | "never" | a checkpoint dir
+    # "auto": latest complete checkpoint in run_dir (a finished run is not rerun) | "never": start over (an earlier
+    # run in run_dir is moved aside) | a checkpoint dir. Rules: agentrl.trainer.resume
+    resume: str = "auto"
     seed: int = 0
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "tensorboard", "wandb"
     project: str = "agentrl"  # W&B project

@@ -46,6 +46,9 @@ CONSOLE_FIELDS: tuple[ConsoleField, ...] = (
 )
 NO_SIGNAL_NOTE = "no signal (all rewards equal in every group)"
 NO_SIGNAL_WARN_AFTER = 5  # steps in a row without signal before the warning
+NO_SIGNAL_WARNING = (f"warning: {NO_SIGNAL_WARN_AFTER} steps in a row without learning signal (every episode of a "
+                     "group got the same reward): raise rollout.n or rollout.temperature, use easier tasks, check the "
+                     "reward function on a few episodes.jsonl rows, or set algorithm.filter_zero_variance_groups=true")
 SFT_FIELDS = (("loss", "token-mean negative log-likelihood of the assistant tokens [sft_loss]"),
               ("grad_norm", "gradient norm before clipping to actor.grad_clip [grad_norm]"),
               ("elapsed", "time since the first SFT step [elapsed_s]"),
@@ -85,8 +88,8 @@ def run_header(kind: str, fields: dict[str, object]) -> str:
 
 
 def sft_line(step: int, total: int, metrics: dict[str, float], elapsed_s: float) -> str:
-    parts = [f"sft step {step}/{total}", f"loss {metrics['sft_loss']:.4f}", f"grad_norm {metrics.get('grad_norm', math.nan):.3f}",
-             f"elapsed {format_duration(elapsed_s)}"]
+    parts = [f"sft step {step}/{total}", f"loss {metrics['sft_loss']:.4f}",
+             f"grad_norm {metrics.get('grad_norm', math.nan):.3f}", f"elapsed {format_duration(elapsed_s)}"]
     if step < total:
         parts.append(f"eta {format_duration(elapsed_s / step * (total - step))}")
     return " | ".join(parts)
@@ -113,23 +116,18 @@ class StepConsole:
     def lines(self, step: int, metrics: dict[str, float]) -> list[str]:
         parts = [f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"]
         parts += [f"{f.label} {f.fmt.format(metrics[f.key])}" for f in CONSOLE_FIELDS if f.key in metrics]
-        if step > 0:
-            self._seconds.append(sum(metrics.get(k, 0.0) for k in ("timing/step_s", "timing/val_s", "timing/save_s")))
-            if self.total_steps and step < self.total_steps:
-                left = (self.total_steps - step) * sum(self._seconds) / len(self._seconds)
-                parts.append(f"eta {format_duration(left)}")
-        out = []
-        if step > 0 and has_no_signal(metrics):
+        if step == 0:  # the validation before training
+            return [" | ".join(parts)]
+        self._seconds.append(sum(metrics.get(k, 0.0) for k in ("timing/step_s", "timing/val_s", "timing/save_s")))
+        if self.total_steps and step < self.total_steps:
+            left = (self.total_steps - step) * sum(self._seconds) / len(self._seconds)
+            parts.append(f"eta {format_duration(left)}")
+        self.no_signal_streak = self.no_signal_streak + 1 if has_no_signal(metrics) else 0
+        if self.no_signal_streak:
             parts.append(NO_SIGNAL_NOTE)
-            self.no_signal_streak += 1
-        elif step > 0:
-            self.no_signal_streak = 0
-        out.append(" | ".join(parts))
+        out = [" | ".join(parts)]
         if self.no_signal_streak == NO_SIGNAL_WARN_AFTER:
-            out.append(f"warning: {NO_SIGNAL_WARN_AFTER} steps in a row without learning signal (every episode of a "
-                       "group got the same reward): raise rollout.n or rollout.temperature, use easier tasks, check "
-                       "the reward function on a few episodes.jsonl rows, or set "
-                       "algorithm.filter_zero_variance_groups=true")
+            out.append(NO_SIGNAL_WARNING)
         return out
 
 
@@ -193,6 +191,7 @@ __all__ = [
     "CONSOLE_FIELDS",
     "CONSOLE_FIELDS_TEXT",
     "NO_SIGNAL_NOTE",
+    "NO_SIGNAL_WARNING",
     "NO_SIGNAL_WARN_AFTER",
     "ConsoleField",
     "ProgressLines",

@@ -44,7 +44,8 @@ def check_checkpoint(path: str | Path) -> Path:
     if checkpoints_root(path).is_dir():
         latest = latest_checkpoint(path)
         example = latest if latest is not None else checkpoints_root(path) / "step_NNNNNN"
-        raise CheckpointError(f"{path} is a run directory, not a checkpoint; pass one of its checkpoints, e.g. {example}")
+        raise CheckpointError(f"{path} is a run directory, not a checkpoint; pass one of its checkpoints, "
+                              f"e.g. {example}")
     if marker_step(path) is None:
         if not (path / SHARDS_DIR).is_dir() and not path.name.startswith("step_"):
             raise CheckpointError(f"{path} is not a trainer checkpoint (no {SHARDS_DIR}/ with sharded weights, no "

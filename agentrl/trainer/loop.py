@@ -106,7 +106,8 @@ def load_task_files(paths: list[str]) -> list[Task]:
     return [task for path in paths for task in load_tasks(path)]
 
 
-async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig, step: int) -> tuple[list[Episode], dict, list[Episode]]:
+async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
+                           step: int) -> tuple[list[Episode], dict, list[Episode]]:
     """Roll out one step's tasks; drop infra failures; optionally keep only groups with reward variance,
     refilling from new tasks (DAPO dynamic sampling) for up to `algorithm.max_filter_rounds` extra rounds.
     Returns (episodes to train on, data stats, every episode generated). `data/signal_groups` counts the kept

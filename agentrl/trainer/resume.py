@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from agentrl.agent_loop.rollout import EPISODES_FILE
 from agentrl.config import save_config, to_dict
 from agentrl.errors import UserError
 from agentrl.trainer.checkpoint import (
@@ -112,7 +113,7 @@ def plan_start(cfg: TrainConfig) -> Start:
     return Start(step=checkpoint_step(checkpoint), checkpoint=checkpoint)
 
 
-RECORDS = (METRICS_FILE, "episodes.jsonl", "checkpoints", FINAL_MODEL_DIR, TENSORBOARD_DIR, MARKER)
+RECORDS = (METRICS_FILE, EPISODES_FILE, "checkpoints", FINAL_MODEL_DIR, TENSORBOARD_DIR, MARKER)
 
 
 def has_records(run_dir: Path) -> bool:
@@ -131,8 +132,6 @@ def move_aside(path: Path) -> Path:
 
 def rewind_run_dir(run_dir: Path, step: int) -> list[str]:
     """Bring run_dir's records back to the end of `step`; returns what was removed, for the console."""
-    from agentrl.agent_loop.rollout import EPISODES_FILE
-
     removed = [f"{name} rows after step {step}" for name in (METRICS_FILE, EPISODES_FILE)
                if rewind_jsonl(run_dir / name, step)]
     later = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) > step]

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl.errors import UserError
 from agentrl.trainer.config import ActorConfig, ModelConfig
 
 
@@ -147,6 +148,10 @@ def tokenize_demos(tokenizer, rows: list[dict], max_length: int) -> tuple[list[t
     return sequences, skipped
 
 
+class SFTDataError(UserError, ValueError):
+    """Demonstrations that cannot be trained on as configured."""
+
+
 def run_sft(cfg: SFTConfig) -> dict:
     """Fine-tune `cfg.model.path` on the demonstrations; saves the model and returns the final metrics.
 
@@ -165,7 +170,8 @@ def run_sft(cfg: SFTConfig) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     sequences, skipped = tokenize_demos(tokenizer, load_demos(cfg.data.train_files), cfg.data.max_length)
     if not sequences:
-        raise ValueError(f"every SFT transcript is longer than data.max_length={cfg.data.max_length}")
+        raise SFTDataError(f"every SFT transcript in {', '.join(cfg.data.train_files)} is longer than "
+                           f"data.max_length={cfg.data.max_length} tokens; raise data.max_length")
     steps_per_epoch = max(1, len(sequences) // cfg.sft.batch_size)
     total = steps_per_epoch * cfg.sft.epochs
     if cfg.sft.max_steps is not None:

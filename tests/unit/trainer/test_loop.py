@@ -48,6 +48,7 @@ async def test_infra_failed_episodes_are_dropped_and_counted():
     assert [ep.task_id for ep in episodes] == ["a", "a"]
     assert stats["data/infra_failed"] == 4
     assert stats["data/zero_var_groups"] == 1  # "a" keeps two episodes, both reward 1
+    assert stats["data/signal_groups"] == 0  # so the step has nothing to learn from
 
 
 async def test_zero_variance_groups_are_refilled_from_new_tasks():
@@ -59,6 +60,7 @@ async def test_zero_variance_groups_are_refilled_from_new_tasks():
                                                 step=4)
     assert sorted({ep.task_id for ep in episodes}) == ["good1", "good2"]
     assert stats["data/zero_var_groups"] == 2 and stats["data/rollout_rounds"] == 3
+    assert stats["data/signal_groups"] == stats["data/groups"] == 2
     assert len({ep.uid for ep in episodes}) == 2  # refill rounds get distinct group ids
     assert sampler.state_dict() == {"epoch": 0, "index": 4}
 
