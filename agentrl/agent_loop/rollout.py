@@ -22,6 +22,7 @@ from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConf
 from agentrl.agent_loop.rewards import check_reward_specs, compute_reward
 from agentrl.agent_loop.tool_agent import ToolAgentLoop
 from agentrl.types import FINISH_REASONS_EPISODE, Episode, SamplingParams, Task
+from agentrl.tools.errors import UnknownToolError
 
 EPISODES_FILE = "episodes.jsonl"
 
@@ -99,7 +100,7 @@ class RolloutManager:
         for i, task in enumerate(tasks):
             unknown = [t for t in task.tools or [] if t not in names]
             if unknown:
-                raise ValueError(f"task {i} ({task.task_id or 'no task_id'}) names tools {unknown} that the tool "
+                raise UnknownToolError(f"task {i} ({task.task_id or 'no task_id'}) names tools {unknown} that the tool "
                                  f"registry does not serve (it serves {sorted(names)}); fix the task's 'tools' or "
                                  "the tools config")
 

@@ -1,7 +1,7 @@
 """`agentrl eval`: held-out evaluation of a model on a suite, optionally side by side with a second model.
 
-    agentrl eval --model runs/small --suite calc --n 4                       # 200 generated held-out tasks
-    agentrl eval --model runs/small --suite data/my-tasks.jsonl --out runs/eval-small
+    agentrl eval --model runs/quickstart/grpo/final_model --suite calc --n 4   # 200 generated held-out tasks
+    agentrl eval --model runs/tiny-model --suite data/my-tasks.jsonl --out runs/eval-tiny
     agentrl eval --model runs/after-grpo --suite calc --compare runs/after-sft          # a model or an eval dir
     agentrl eval --model runs/eval-a --compare runs/eval-b                   # two finished evaluations, no rollout
 
@@ -267,7 +267,8 @@ def add_commands(subparsers) -> None:
     p = subparsers.add_parser("eval", help="evaluate a model on held-out tasks (pass@k, tool use, errors); "
                                            "compare two models")
     p.add_argument("--model", required=True,
-                   help="HF model directory, or a finished evaluation directory (with --compare)")
+                   help="HF model directory, a training checkpoint (run_dir/checkpoints/step_N, exported once "
+                        "into it), or a finished evaluation directory (with --compare)")
     p.add_argument("--suite", default=None,
                    help="suite name(s) generated in code (calc, lookup, code; comma-separated) or a task file "
                         "(.jsonl/.parquet)")

@@ -2,8 +2,8 @@
 
     import asyncio
     from agentrl.evaluation.run import evaluate, suite_tasks
-    tasks = suite_tasks("calc", split="heldout", num_tasks=200, out_dir="runs/eval-small")
-    summary = asyncio.run(evaluate("runs/small-model", tasks, n=4, run_dir="runs/eval-small"))
+    tasks = suite_tasks("calc", split="heldout", num_tasks=200, out_dir="runs/eval-tiny")
+    summary = asyncio.run(evaluate("runs/tiny-model", tasks, n=4, run_dir="runs/eval-tiny"))
     print(summary["pass@1"], summary["pass@4"])
 
 `evaluate` takes an HF model directory or a training checkpoint (exported on first use:

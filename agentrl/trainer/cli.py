@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 
+from agentrl.trainer.console import CONSOLE_FIELDS_TEXT  # standard library only: --help stays fast
+
 # What each field of the console line means; shown after the options in `agentrl train --help`.
-CONSOLE_FIELDS_EPILOG: str | None = None
+CONSOLE_FIELDS_EPILOG = CONSOLE_FIELDS_TEXT
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -36,6 +38,8 @@ def _train(args: argparse.Namespace) -> int:
     from agentrl.trainer.loop import train
 
     metrics = train(cfg)
+    if not metrics:  # the run was already complete: train() said so and did nothing
+        return 0
     print(f"done: {cfg.trainer.total_steps} steps, run dir {cfg.trainer.run_dir}, last reward "
           f"{metrics.get('reward/mean', float('nan')):.3f}")
     return 0

@@ -48,7 +48,6 @@ from agentrl.trainer.metrics import (
     advantage_metrics,
     drift_metrics,
     episode_metrics,
-    read_metrics,
 )
 from agentrl.trainer.resume import FINAL_MODEL_DIR, mark_complete, plan_start, prepare_run_dir
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
@@ -236,7 +235,8 @@ def _header(cfg: TrainConfig, num_tasks: int) -> str:
 
 
 async def run(cfg: TrainConfig) -> dict[str, float]:
-    """Train; returns the last step's metrics. Resumes from `trainer.resume` (default: latest checkpoint)."""
+    """Train; returns the metrics of the last step this call ran ({} when the run was already complete).
+    Resumes from `trainer.resume` (default: latest checkpoint)."""
     from transformers import AutoTokenizer
 
     from agentrl.agent_loop.rollout import RolloutManager
@@ -250,8 +250,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
     start = plan_start(cfg)  # checks a resume against the checkpoint's config before anything is written
     if start.complete:
         print(f"run already complete at step {start.step} (use trainer.resume=never to start over)", flush=True)
-        rows = read_metrics(run_dir)
-        return rows[-1] if rows else {}
+        return {}
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler = TaskSampler(load_task_files(cfg.data.train_files), cfg.data.train_batch_size,

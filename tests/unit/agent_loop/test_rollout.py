@@ -8,6 +8,7 @@ from scripted_engine import ScriptedEngine, model_turn
 from agentrl.agent_loop import AgentLoopConfig, RewardConfig, RolloutConfig, RolloutManager, rollout_metrics
 from agentrl.agent_loop.rewards import RewardSpecError
 from agentrl.agent_loop.rollout import read_episodes
+from agentrl.tools.errors import UnknownToolError
 from agentrl.types import Episode, Task
 
 
@@ -94,7 +95,7 @@ async def test_bad_reward_spec_or_tool_name_fails_before_any_episode(tiny_tokeni
     manager = RolloutManager(engine, tiny_tokenizer, registry, AgentLoopConfig(), RolloutConfig(n=1), RewardConfig())
     with pytest.raises(RewardSpecError):
         await manager.generate([Task(prompt=[{"role": "user", "content": "q"}], reward={"type": "nope"})])
-    with pytest.raises(ValueError, match="does not serve"):
+    with pytest.raises(UnknownToolError, match="does not serve"):
         await manager.generate([Task(prompt=[{"role": "user", "content": "q"}], tools=["web_search"],
                                      reward={"type": "exact_match", "ground_truth": "x"})])
     assert engine.calls == []
