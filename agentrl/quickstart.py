@@ -45,7 +45,11 @@ class QuickstartSettings:
     grpo_hard_tasks: bool = True  # GRPO prompts from the train split's hard mix (`agentrl data make --hard`)
     max_response_tokens: int = 256
     max_assistant_turns: int = 4
-    seed: int = 0
+    seed: int = 0  # initial weights, data (demos, RL tasks, held-out) and, unless set below, SFT and GRPO
+    sft_seed: int | None = None  # SFT data order (None: seed); what another machine's rounding would change
+    grpo_seed: int | None = None  # GRPO task order and rollout sampling (None: seed)
+    sft_model: str | None = None  # an SFT model from an earlier quickstart with the same seed: skip the SFT phase
+    pin_kernels: bool = True  # AVX2 kernels for ATen and MKL, so other x86-64 machines compute the same floats
     tools_port: int | None = None  # None: a free port
     sandbox_port: int | None = None
     with_sandbox: bool = True
@@ -125,6 +129,14 @@ def engine_config():
     return EngineConfig(max_batch_size=64, max_model_len=1024, num_threads=1)
 
 
+def sft_seed(s: QuickstartSettings) -> int:
+    return s.seed if s.sft_seed is None else s.sft_seed
+
+
+def grpo_seed(s: QuickstartSettings) -> int:
+    return s.seed if s.grpo_seed is None else s.grpo_seed
+
+
 def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], tools_url: str, run_dir: Path):
     from agentrl.agent_loop.config import RolloutConfig
     from agentrl.tools.config import ServiceConfig, ToolsConfig
@@ -132,21 +144,51 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
 
     return TrainConfig(
         model=ModelConfig(path=model_path),
-        data=DataConfig(train_files=rl_files, train_batch_size=s.grpo_prompts_per_step, seed=s.seed),
+        data=DataConfig(train_files=rl_files, train_batch_size=s.grpo_prompts_per_step, seed=grpo_seed(s)),
         engine=engine_config(),
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64),
         actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0,
                           ppo_mini_batch_size=max(1, s.grpo_prompts_per_step // s.grpo_mini_batches),
-                          max_tokens_per_micro_batch=16384, use_kl_loss=False, entropy_coeff=0.0,
+                          # use_kl_loss with coefficient 0: the KL to the SFT model is measured (actor/kl, drawn in
+                          # curves.png) but does not pull on the policy
+                          max_tokens_per_micro_batch=16384, use_kl_loss=True, kl_loss_coef=0.0, entropy_coeff=0.0,
                           clip_ratio_high=0.28),
-        trainer=TrainerConfig(total_steps=s.grpo_steps, run_dir=str(run_dir), resume="never", seed=s.seed,
+        trainer=TrainerConfig(total_steps=s.grpo_steps, run_dir=str(run_dir), resume="never", seed=grpo_seed(s),
                               test_freq=0, save_freq=0, save_hf_model=True),
     )
 
 
-def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path) -> None:
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last `window` values (fewer at the start), same length as `values`."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+# (title, source, metrics.jsonl key, legend label, y-axis label)
+CURVE_PANELS = [
+    ("SFT loss", "sft", "sft_loss", "token-mean NLL", "nats per assistant token"),
+    ("GRPO train reward", "grpo", "reward/mean", "mean reward per episode", "reward (0-1)"),
+    ("GRPO success", "grpo", "reward/success_rate", "train episodes with full reward", "fraction of episodes"),
+    ("KL", "grpo", "actor/ppo_kl", "ppo_kl: update vs the rollout's old policy", "nats per token"),
+    ("entropy", "grpo", "actor/entropy", "policy entropy on sampled tokens", "nats per token"),
+    ("response length", "grpo", "episode/model_tokens_mean", "model tokens per episode", "tokens"),
+]
+REFERENCE_KL = ("actor/kl", "actor/kl: policy vs the reference (SFT) model")
+
+
+def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path, *, heldout: dict[str, float] | None = None,
+                window: int = 10) -> None:
+    """curves.png: every per-step metric as a faint raw line with a `window`-step moving average on top; the
+    success panel also marks held-out pass@1 after SFT and after GRPO (`heldout`: label -> fraction); the KL
+    panel shows `ppo_kl` (how far one update moved from the policy that sampled the batch) and, when logged,
+    `actor/kl` (the KL to the frozen reference model)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,20 +197,38 @@ def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path) -> None:
     def rows(path: Path) -> list[dict]:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
-    sft, grpo = rows(sft_dir / "sft_metrics.jsonl"), rows(grpo_dir / "metrics.jsonl")
-    panels = [("SFT loss", sft, "sft_loss"), ("GRPO reward (mean)", grpo, "reward/mean"),
-              ("GRPO success rate", grpo, "reward/success_rate"), ("KL (ppo_kl)", grpo, "actor/ppo_kl"),
-              ("entropy", grpo, "actor/entropy"), ("response length (model tokens)", grpo, "episode/model_tokens_mean")]
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-    for ax, (title, data, key) in zip(axes.flat, panels):
-        points = [(r["step"], r[key]) for r in data if key in r]
+    data = {"sft": rows(sft_dir / "sft_metrics.jsonl"), "grpo": [r for r in rows(grpo_dir / "metrics.jsonl")
+                                                                 if r.get("step", 0) > 0]}
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+
+    def draw(ax, points: list[tuple[int, float]], label: str, color: str) -> None:
+        steps, values = zip(*points)
+        ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
+        ax.plot(steps, moving_average(list(values), window), color=color, linewidth=2,
+                label=f"{label} ({window}-step mean)" if len(values) > 1 else label)
+
+    for ax, (title, source, key, label, unit) in zip(axes.flat, CURVE_PANELS):
+        points = [(r["step"], r[key]) for r in data[source] if key in r]
         if points:
-            ax.plot(*zip(*points), marker="o", markersize=3)
+            draw(ax, points, label, "tab:blue")
         else:
             ax.text(0.5, 0.5, f"no '{key}' logged", ha="center", va="center", transform=ax.transAxes)
+        if key == "actor/ppo_kl":
+            ref = [(r["step"], r[REFERENCE_KL[0]]) for r in data[source] if REFERENCE_KL[0] in r]
+            if ref:
+                draw(ax, ref, REFERENCE_KL[1], "tab:red")
+            else:
+                ax.plot([], [], " ", label="actor/kl (to the reference) not logged: actor.use_kl_loss is off")
+        if key == "reward/success_rate" and heldout:
+            for (name, value), color in zip(heldout.items(), ("tab:gray", "tab:green")):
+                ax.axhline(value, color=color, linestyle="--", linewidth=1.5, label=f"held-out pass@1 {name}: "
+                                                                                     f"{value:.1%}")
         ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set_xlabel("SFT optimizer step" if source == "sft" else "GRPO step")
+        ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
@@ -187,11 +247,17 @@ def run_quickstart(s: QuickstartSettings) -> Path:
     from agentrl.trainer.resume import move_aside
     from agentrl.trainer.sft import SFTConfig, SFTDataConfig, SFTRunConfig, run_sft
 
+    from agentrl.numerics import cpu_kernels
+
+    if s.sft_model and not (Path(s.sft_model) / "config.json").is_file():
+        raise QuickstartError(f"quickstart --set sft_model={s.sft_model}: not a model directory (no config.json); "
+                              "pass the sft/model folder of an earlier quickstart run")
     # Ports first: a taken port fails in a second, not after the model and data are built.
     tools_port = _pick_port(s.tools_port, "tool service")
     sandbox_port = _pick_port(s.sandbox_port, "sandbox") if s.with_sandbox else None
     tools_url = f"http://127.0.0.1:{tools_port}"
     quiet_third_party()
+    kernels = cpu_kernels() + (" (pinned: pin_kernels)" if s.pin_kernels else "")
     root = Path(s.run_dir)
     if root.exists() and any(root.iterdir()):
         print(f"{root} holds an earlier quickstart: moved it to {move_aside(root)}; this run starts clean", flush=True)
@@ -222,15 +288,19 @@ def run_quickstart(s: QuickstartSettings) -> Path:
             print(f"tools at {tools_url}" + (f", sandbox isolation: {sandbox_health.get('isolation')}"
                                              if sandbox_health else ""), flush=True)
 
-        with phase("SFT cold start on scripted demonstrations"):
-            sft = run_sft(SFTConfig(
-                model=ModelConfig(path=str(init_dir)),
-                data=SFTDataConfig(train_files=[data["sft"]], max_length=1024),
-                actor=ActorConfig(lr=s.sft_lr, weight_decay=0.0, warmup_steps=10, lr_schedule="cosine",
-                                  min_lr_ratio=0.1, max_tokens_per_micro_batch=16384),
-                sft=SFTRunConfig(epochs=100, batch_size=s.sft_batch_size, max_steps=s.sft_steps,
-                                 run_dir=str(root / "sft"), seed=s.seed, log_freq=10)))
-        sft_model = sft["output_dir"]
+        if s.sft_model:
+            with phase(f"SFT: reuse {s.sft_model}"):
+                sft_model = s.sft_model
+        else:
+            with phase("SFT cold start on scripted demonstrations"):
+                sft = run_sft(SFTConfig(
+                    model=ModelConfig(path=str(init_dir)),
+                    data=SFTDataConfig(train_files=[data["sft"]], max_length=1024),
+                    actor=ActorConfig(lr=s.sft_lr, weight_decay=0.0, warmup_steps=10, lr_schedule="cosine",
+                                      min_lr_ratio=0.1, max_tokens_per_micro_batch=16384),
+                    sft=SFTRunConfig(epochs=100, batch_size=s.sft_batch_size, max_steps=s.sft_steps,
+                                     run_dir=str(root / "sft"), seed=sft_seed(s), log_freq=10)))
+            sft_model = sft["output_dir"]
 
         def held_out_eval(model: str, name: str, out: str) -> dict:
             registry = ToolRegistry.from_tools_config(ToolsConfig(services=[ServiceConfig(url=tools_url)]))
@@ -257,10 +327,12 @@ def run_quickstart(s: QuickstartSettings) -> Path:
             print(f"held-out pass@1 after GRPO: {after.get('pass@1', 0.0):.1%}", flush=True)
 
     with phase("write the report and curves"):
-        plot_curves(root / "sft", root / "grpo", root / "curves.png")
+        sft_dir = Path(sft_model).parent  # <run>/sft/model: the metrics lie beside the model
+        plot_curves(sft_dir, root / "grpo", root / "curves.png",
+                    heldout={"after SFT": before.get("pass@1", 0.0), "after GRPO": after.get("pass@1", 0.0)})
         report = root / "report.md"
         report.write_text(report_text(s, {"after SFT": before, "after GRPO": after}, phase.timings,
-                                      time.perf_counter() - started))
+                                      time.perf_counter() - started, kernels=kernels))
     delta = after.get("pass@1", 0.0) - before.get("pass@1", 0.0)
     print(f"\nheld-out pass@1: after SFT {before.get('pass@1', 0.0):.1%} -> after GRPO "
           f"{after.get('pass@1', 0.0):.1%} ({delta:+.1%}); report: {report}", flush=True)
@@ -298,7 +370,7 @@ def smoke_note(s: QuickstartSettings) -> str:
 
 
 def report_text(s: QuickstartSettings, results: dict[str, dict], timings: dict[str, float], total_s: float,
-                commit: str | None = None) -> str:
+                commit: str | None = None, kernels: str | None = None) -> str:
     """report.md: (for a smoke run, first) what its numbers mean, the held-out tables, the curves, what produced
     the run (seed, commit, settings) and the time per phase."""
     from agentrl.evaluation.report import markdown_report
@@ -307,7 +379,10 @@ def report_text(s: QuickstartSettings, results: dict[str, dict], timings: dict[s
     lines = [f"> {smoke_note(s)}", ""] if s.smoke else []
     lines += [markdown_report("agentrl quickstart: held-out results (same greedy sampling for both)", results),
               "![curves](curves.png)", "", "## What produced this run", "",
-              f"- seed: {s.seed} (initial weights, data, sampling)",
+              f"- seed: {s.seed} (initial weights, data); SFT seed {sft_seed(s)} (data order)"
+              + (f", SFT model reused from {s.sft_model}" if s.sft_model else "")
+              + f"; GRPO seed {grpo_seed(s)} (task order, sampling)",
+              f"- CPU kernels: {kernels or 'not recorded'}",
               f"- agentrl commit: {commit or source_commit()}",
               "- settings:", "", "```json", json.dumps(s.__dict__, indent=1), "```", "", "## Time per phase", ""]
     lines += [f"- {name}: {format_duration(sec)}" for name, sec in timings.items()]
@@ -375,6 +450,10 @@ def _main(args: argparse.Namespace) -> int:
     from agentrl.services import ServiceStartError, sigterm_as_interrupt
 
     s = settings_from_args(args)
+    if s.pin_kernels:  # before torch computes anything, here or in the services and Ray workers started below
+        from agentrl.numerics import pin_cpu_kernels
+
+        pin_cpu_kernels()
     sigterm_as_interrupt()
     try:
         run_quickstart(s)

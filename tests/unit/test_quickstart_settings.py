@@ -60,7 +60,11 @@ def test_report_says_what_produced_it_and_what_smoke_numbers_mean():
     timings = {"build the model": 3.2, "GRPO": 75.0}
     smoke = report_text(settings("--smoke"), results, timings, 80.0, commit="abc123 with uncommitted changes")
     assert "**This is a smoke run**" in smoke and "pass@1 at or near 0% before and after GRPO is expected" in smoke
-    assert "- seed: 0 (initial weights, data, sampling)" in smoke
+    assert "- seed: 0 (initial weights, data); SFT seed 0 (data order); GRPO seed 0 (task order, sampling)" in smoke
+    reused = report_text(settings("--set", "sft_seed=1", "grpo_seed=2", "sft_model=runs/q/sft/model"), results,
+                         timings, 80.0, commit="abc123", kernels="ATen AVX2, MKL_CBWR=AVX2")
+    assert ("SFT seed 1 (data order), SFT model reused from runs/q/sft/model; GRPO seed 2" in reused
+            and "- CPU kernels: ATen AVX2, MKL_CBWR=AVX2" in reused)
     assert "- agentrl commit: abc123 with uncommitted changes" in smoke
     assert "- build the model: 3s" in smoke and "- GRPO: 1m15s" in smoke and "- total: 1m20s" in smoke
     assert "smoke run" not in report_text(settings(), results, timings, 80.0, commit="abc123")
@@ -70,3 +74,35 @@ def test_the_commit_is_known_in_a_checkout_and_said_to_be_unknown_outside(tmp_pa
     commit = source_commit()
     assert len(commit.split()[0]) == 40 or commit.startswith("unknown (")
     assert source_commit(tmp_path) == "unknown (agentrl is not running from a git checkout)"
+
+
+def test_moving_average_is_a_trailing_mean():
+    from agentrl.quickstart import moving_average
+
+    assert moving_average([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.0, 1.5, 2.5, 3.5, 4.5]
+    assert moving_average([], 3) == [] and moving_average([2.0], 10) == [2.0]
+
+
+def test_curves_are_drawn_with_held_out_marks_and_both_kls(tmp_path):
+    import json
+
+    from agentrl.quickstart import plot_curves
+
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "sft" / "sft_metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "sft_loss": 2.0 / i}) + "\n" for i in range(1, 30)))
+    (tmp_path / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": i, "reward/mean": i / 20, "reward/success_rate": i / 25, "actor/ppo_kl": 1e-3, "actor/kl": 0.01 * i,
+         "actor/entropy": 0.5, "episode/model_tokens_mean": 40}) + "\n" for i in range(0, 20)))
+    out = tmp_path / "curves.png"
+    plot_curves(tmp_path / "sft", tmp_path / "grpo", out, heldout={"after SFT": 0.4, "after GRPO": 0.55})
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sft_model_to_reuse_must_be_a_model_directory(tmp_path):
+    from agentrl.quickstart import QuickstartError, run_quickstart
+
+    s = settings("--set", f"sft_model={tmp_path}")
+    with pytest.raises(QuickstartError, match="not a model directory"):
+        run_quickstart(s)

@@ -1,0 +1,51 @@
+"""CPU kernels that compute the same floats on every x86-64 machine, for runs that must repeat elsewhere.
+
+A training run on CPU is bit-reproducible on one machine: same seeds, same data order, same kernels (the
+thread count does not change the results of the ops agentrl uses). Across machines it is not, by default:
+PyTorch picks its vectorised ATen kernels (softmax, reductions, elementwise ops) and MKL its GEMM code path
+for the CPU it runs on (AVX-512 on one host, AVX2 on another), they round differently in the last bit, and
+a few hundred optimizer steps amplify that into a different model. `pin_cpu_kernels()` selects the AVX2 kernels
+of both libraries, which every x86-64 CPU of the last decade runs, so that machines with different vector units
+compute the same floats. It only sets what the user has not set, and must run before torch is first used
+(child processes, Ray workers included, inherit the environment).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+
+
+def _has_avx2() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+def pin_cpu_kernels() -> dict[str, str]:
+    """Select the AVX2 kernels of ATen and MKL (environment defaults, never overriding a user's value) on an
+    x86-64 CPU with AVX2; returns the variables set now ({} elsewhere, or when already set)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not _has_avx2():
+        return {}
+    changed = {}
+    for key, value in PINNED_KERNELS.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            changed[key] = value
+    return changed
+
+
+def cpu_kernels() -> str:
+    """What this process computes with, for reports: torch's CPU capability and the MKL branch in force."""
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"ATen {capability}, MKL_CBWR={os.environ.get('MKL_CBWR', 'unset (CPU default)')}"
+
+
+__all__ = ["PINNED_KERNELS", "cpu_kernels", "pin_cpu_kernels"]
