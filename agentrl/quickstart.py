@@ -49,7 +49,7 @@ class QuickstartSettings:
     sft_seed: int | None = None  # SFT data order (None: seed); what another machine's rounding would change
     grpo_seed: int | None = None  # GRPO task order and rollout sampling (None: seed)
     sft_model: str | None = None  # an SFT model from an earlier quickstart with the same seed: skip the SFT phase
-    pin_kernels: bool = True  # AVX2 kernels for ATen and MKL, so other x86-64 machines compute the same floats
+    pin_kernels: bool = False  # AVX2 kernels for ATen and MKL: other x86-64 machines then compute the same floats
     tools_port: int | None = None  # None: a free port
     sandbox_port: int | None = None
     with_sandbox: bool = True
