@@ -11,8 +11,9 @@ conversation with and without the new messages on the same prefix and taking the
 
 Strategies, recorded per turn in the episode metrics (`template_mode`):
 - "full": `after` starts with `before` for the real conversation (append-only templates such as Qwen2.5,
-  Llama 3, Hermes). Then prompt_ids + response_ids == render(final transcript) token for token, provided the
-  model's turns are in the template's canonical form (see README, "Agent loop").
+  Llama 3, Hermes). Then prompt_ids + response_ids == render(final transcript) token for token, provided each
+  model turn's ids are the tokenizer's own encoding of its text (the agent loop keeps call blocks written in
+  another form than the template's verbatim, and counts the turns where the ids are not; docs/agent-loop.md).
 - "minimal_base": the template rewrites earlier turns (e.g. Qwen3 drops past <think> content), so the full
   render is not a prefix. The new messages are rendered after a fixed two-message base conversation instead; the
   ids stay exactly what the model saw, but the final transcript rendered by the template differs from them.
