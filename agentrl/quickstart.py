@@ -249,15 +249,18 @@ def run_quickstart(s: QuickstartSettings) -> Path:
 
     from agentrl.numerics import cpu_kernels
 
-    if s.sft_model and not (Path(s.sft_model) / "config.json").is_file():
-        raise QuickstartError(f"quickstart --set sft_model={s.sft_model}: not a model directory (no config.json); "
-                              "pass the sft/model folder of an earlier quickstart run")
+    from agentrl.preflight import check_model_dir
+
+    problems = check_model_dir(s.sft_model, "quickstart --set sft_model") if s.sft_model else []
+    if problems:
+        raise QuickstartError(f"{problems[0]} (not a model directory: pass the sft/model folder of an earlier "
+                              "quickstart run)")
     # Ports first: a taken port fails in a second, not after the model and data are built.
     tools_port = _pick_port(s.tools_port, "tool service")
     sandbox_port = _pick_port(s.sandbox_port, "sandbox") if s.with_sandbox else None
     tools_url = f"http://127.0.0.1:{tools_port}"
     quiet_third_party()
-    kernels = cpu_kernels() + (" (pinned: pin_kernels)" if s.pin_kernels else "")
+    kernels = cpu_kernels()  # what is in force, pinned or not
     root = Path(s.run_dir)
     if root.exists() and any(root.iterdir()):
         print(f"{root} holds an earlier quickstart: moved it to {move_aside(root)}; this run starts clean", flush=True)
