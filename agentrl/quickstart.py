@@ -43,6 +43,9 @@ class QuickstartSettings:
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 1000
     grpo_hard_tasks: bool = True  # GRPO prompts from the train split's hard mix (`agentrl data make --hard`)
+    # DAPO dynamic sampling: a step trains on groups whose rewards differ, refilled from new prompts (up to this
+    # many extra rollout rounds); 0 trains on whatever the first round gave, zero-variance groups included
+    grpo_filter_rounds: int = 3
     max_response_tokens: int = 256
     max_assistant_turns: int = 4
     seed: int = 0  # initial weights, data (demos, RL tasks, held-out) and, unless set below, SFT and GRPO
@@ -140,7 +143,14 @@ def grpo_seed(s: QuickstartSettings) -> int:
 def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], tools_url: str, run_dir: Path):
     from agentrl.agent_loop.config import RolloutConfig
     from agentrl.tools.config import ServiceConfig, ToolsConfig
-    from agentrl.trainer.config import ActorConfig, DataConfig, ModelConfig, TrainConfig, TrainerConfig
+    from agentrl.trainer.config import (
+        ActorConfig,
+        AlgorithmConfig,
+        DataConfig,
+        ModelConfig,
+        TrainConfig,
+        TrainerConfig,
+    )
 
     return TrainConfig(
         model=ModelConfig(path=model_path),
@@ -149,6 +159,8 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64),
+        algorithm=AlgorithmConfig(filter_zero_variance_groups=s.grpo_filter_rounds > 0,
+                                  max_filter_rounds=max(0, s.grpo_filter_rounds)),
         actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0,
                           ppo_mini_batch_size=max(1, s.grpo_prompts_per_step // s.grpo_mini_batches),
                           # use_kl_loss with coefficient 0: the KL to the SFT model is measured (actor/kl, drawn in

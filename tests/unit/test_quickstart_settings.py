@@ -106,3 +106,16 @@ def test_sft_model_to_reuse_must_be_a_model_directory(tmp_path):
     s = settings("--set", f"sft_model={tmp_path}")
     with pytest.raises(QuickstartError, match="not a model directory"):
         run_quickstart(s)
+
+
+def test_dynamic_sampling_follows_grpo_filter_rounds(tmp_path):
+    from agentrl.quickstart import train_config
+
+    def algorithm(**overrides):
+        s = dataclasses.replace(QuickstartSettings(), **overrides)
+        return train_config(s, "model", ["rl.jsonl"], "http://127.0.0.1:1", tmp_path).algorithm
+
+    on = algorithm()
+    assert on.filter_zero_variance_groups and on.max_filter_rounds == QuickstartSettings().grpo_filter_rounds > 0
+    off = algorithm(grpo_filter_rounds=0)
+    assert not off.filter_zero_variance_groups and off.max_filter_rounds == 0
