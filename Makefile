@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup quickstart test test-unit test-slow bwrap clean
+.PHONY: setup quickstart test test-unit test-slow bwrap gxx clean
 
-setup: $(STAMP) bwrap
+setup: $(STAMP) bwrap gxx
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,15 @@ bwrap:
 	    echo "installing bubblewrap (sandbox isolation)"; \
 	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)); \
 	  else echo "warning: bubblewrap missing and not root; the sandbox will refuse to start without --allow-unsafe"; fi; \
+	fi
+
+# g++/gcc: the sandbox compiles `language: cpp` / `c` with the host's compiler (inside the sandbox).
+gxx:
+	@if ! command -v g++ >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing g++ (sandbox languages cpp and c)"; \
+	    (apt-get install -y -qq g++ >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get install -y -qq g++ >/dev/null)); \
+	  else echo "warning: g++ missing and not root; the sandbox will not offer cpp and c"; fi; \
 	fi
 
 quickstart: setup

@@ -57,7 +57,7 @@ def check_files(files: dict[str, str | None], fetch_files: list[str]) -> None:
 
 class RunCodeRequest(BaseModel):
     code: str
-    language: str = "python"
+    language: str  # required, as in SandboxFusion: a request without it is a 422 naming the field
     compile_timeout: float = 10
     run_timeout: float = 10
     memory_limit_MB: int = -1

@@ -27,7 +27,7 @@ from sandbox.sessions import SessionLimit, SessionManager, SessionNotFound
 log = logging.getLogger("sandbox")
 
 LANGUAGE_ALIASES = {"python3": "python", "py": "python", "node": "javascript", "js": "javascript",
-                    "shell": "bash"}
+                    "shell": "bash", "c++": "cpp", "cxx": "cpp"}
 
 
 class BadRequest(Exception):
@@ -156,9 +156,24 @@ class Service:
         return value
 
 
+_MESSAGES = {"timeout": "time limit exceeded", "oom": "killed: out of memory",
+             "output_limit": "killed: output limit exceeded", "pids_limit": "process/thread limit reached"}
+
+
 def to_response(result: ExecResult) -> RunCodeResponse:
     if result.infra_error is not None:
         return RunCodeResponse(status="SandboxError", message=result.infra_error)
+    compiled = CommandRunResult(**result.compile) if result.compile is not None else None
+    if not result.ran:  # the compile step failed: SandboxFusion's `status: Failed`, `run_result: null`
+        if compiled.status == "TimeLimitExceeded":
+            message = "compile time limit exceeded"
+        elif result.exit_reason in _MESSAGES:
+            message = f"compiler {_MESSAGES[result.exit_reason]}"
+        else:
+            message = f"compilation failed with code {compiled.return_code}"
+        return RunCodeResponse(status="Failed", message=message, compile_result=compiled, files=result.files,
+                               exit_reason=result.exit_reason, truncated=result.truncated,
+                               memory_peak_MB=result.memory_peak_mb)
     run = CommandRunResult(status=result.status, execution_time=result.execution_time,
                            return_code=result.return_code, stdout=result.stdout, stderr=result.stderr)
     ok = result.status == "Finished" and result.return_code == 0
@@ -167,9 +182,9 @@ def to_response(result: ExecResult) -> RunCodeResponse:
                              "output_limit": "killed: output limit exceeded",
                              "pids_limit": "process/thread limit reached",
                              "signal": f"killed by signal {result.signal}"}[result.exit_reason]
-    return RunCodeResponse(status="Success" if ok else "Failed", message=message, run_result=run,
-                           files=result.files, exit_reason=result.exit_reason, truncated=result.truncated,
-                           signal=result.signal, memory_peak_MB=result.memory_peak_mb)
+    return RunCodeResponse(status="Success" if ok else "Failed", message=message, compile_result=compiled,
+                           run_result=run, files=result.files, exit_reason=result.exit_reason,
+                           truncated=result.truncated, signal=result.signal, memory_peak_MB=result.memory_peak_mb)
 
 
 def create_app(cfg: SandboxConfig | None = None) -> FastAPI:
@@ -219,7 +234,9 @@ def create_app(cfg: SandboxConfig | None = None) -> FastAPI:
         exec_req = ExecRequest(
             code=req.code, language=svc.language(req.language), stdin=(req.stdin or "").encode(),
             files={p: c or "" for p, c in req.files.items()}, fetch_files=req.fetch_files,
-            run_timeout=svc.timeout(req.run_timeout, "run_timeout"), memory_mb=svc.memory_mb(req.memory_limit_MB))
+            run_timeout=svc.timeout(req.run_timeout, "run_timeout"),
+            compile_timeout=svc.timeout(req.compile_timeout, "compile_timeout"),
+            memory_mb=svc.memory_mb(req.memory_limit_MB))
         async with svc.admission.slot():
             try:
                 result = await svc.backend.execute(exec_req)

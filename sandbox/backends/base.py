@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import subprocess
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,6 +19,15 @@ LANGUAGES: dict[str, tuple[list[str], str]] = {
     "perl": (["/usr/bin/perl"], ".pl"),
 }
 
+# Compiled languages, as SandboxFusion builds them: the compiler (argv; "{src}" is the source's absolute path)
+# runs in the work dir inside the sandbox, then `./test` runs with the request's stdin.
+COMPILED: dict[str, tuple[list[str], str]] = {
+    "cpp": (["/usr/bin/g++", "-std=c++17", "{src}", "-o", "test"], ".cpp"),
+    "c": (["/usr/bin/gcc", "-std=gnu17", "{src}", "-o", "test", "-lm"], ".c"),  # an addition: SandboxFusion has no C
+}
+COMPILED_RUN = ["./test"]
+OPTIONAL_CPP_LIBS = ("crypto", "ssl", "pthread")  # linked into C++ programs when installed, as SandboxFusion does
+
 EXIT_REASONS = ("exit", "oom", "timeout", "output_limit", "pids_limit", "signal")
 
 
@@ -26,8 +37,48 @@ class BackendError(RuntimeError):
 
 def available_languages() -> list[str]:
     langs = ["python"]
+    langs += [name for name, (argv, _) in COMPILED.items() if os.path.exists(argv[0])]
     langs += [name for name, (argv, _) in LANGUAGES.items() if os.path.exists(argv[0])]
     return langs
+
+
+@functools.cache
+def optional_libs(compiler: str) -> tuple[str, ...]:
+    """`-lNAME` flags among OPTIONAL_CPP_LIBS that `compiler` can link here (it prints an absolute path for a
+    library it finds, the bare name otherwise)."""
+    flags = []
+    for name in OPTIONAL_CPP_LIBS:
+        for ext in ("so", "a"):
+            try:
+                out = subprocess.run([compiler, f"-print-file-name=lib{name}.{ext}"], capture_output=True, text=True,
+                                     timeout=30).stdout.strip()
+            except (OSError, subprocess.TimeoutExpired):
+                out = ""
+            if out.startswith("/") and os.path.exists(out):
+                flags.append(f"-l{name}")
+                break
+    return tuple(flags)
+
+
+def compile_argv(language: str) -> list[str]:
+    argv, _ = COMPILED[language]
+    return [*argv, *(optional_libs(argv[0]) if language == "cpp" else ())]
+
+
+def source_suffix(language: str) -> str:
+    if language == "python":
+        return ".py"
+    return (COMPILED.get(language) or LANGUAGES[language])[1]
+
+
+def script_name(suffix: str, files: dict) -> str:
+    """The program's file name in the work dir: `main<suffix>`, or `main_N<suffix>` if a request file has it."""
+    taken = {path[2:] if path.startswith("./") else path for path in files}
+    name, n = f"main{suffix}", 0
+    while name in taken:
+        n += 1
+        name = f"main_{n}{suffix}"
+    return name
 
 
 @dataclass
@@ -38,6 +89,7 @@ class ExecRequest:
     files: dict[str, str] = field(default_factory=dict)   # relative path -> base64
     fetch_files: list[str] = field(default_factory=list)
     run_timeout: float = 10.0
+    compile_timeout: float = 10.0
     memory_mb: int = 512
 
 
@@ -55,6 +107,23 @@ class ExecResult:
     file_errors: dict[str, str] = field(default_factory=dict)
     memory_peak_mb: float | None = None
     infra_error: str | None = None  # set only when the sandbox itself failed -> SandboxError
+    compile: dict | None = None     # compiled languages: SandboxFusion's compile_result fields
+    ran: bool = True                # False when a failed compile step kept the program from running
+
+
+def runner_payload(req: ExecRequest, cfg) -> dict:
+    """The request frame for runner_src.py; one builder, so every backend runs code the same way."""
+    suffix = source_suffix(req.language)
+    payload = {"language": req.language, "code": req.code, "script": script_name(suffix, req.files),
+               "files": req.files, "fetch_files": req.fetch_files, "fetch_limit": cfg.max_body_bytes,
+               "rlimits": {"fsize": cfg.max_file_bytes, "nofile": cfg.nofile_limit, "cpu": int(req.run_timeout) + 2}}
+    if req.language in COMPILED:
+        payload["compile"] = {"argv": compile_argv(req.language), "timeout": req.compile_timeout,
+                              "cpu": int(req.compile_timeout) + 2, "output_limit": cfg.max_output_bytes}
+        payload["run"] = COMPILED_RUN
+    elif req.language != "python":
+        payload["interpreter"] = LANGUAGES[req.language][0]
+    return payload
 
 
 class SessionProcess(Protocol):

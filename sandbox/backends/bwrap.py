@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from sandbox import seccomp
-from sandbox.backends.base import (LANGUAGES, BackendError, ExecRequest, ExecResult, encode_frame, read_frame)
+from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_frame, read_frame, runner_payload
 from sandbox.backends.session_proc import SessionProc
 from sandbox.cgroups import Cgroup, CgroupError, CgroupPool, detect_version
 from sandbox.config import SandboxConfig
@@ -68,11 +68,16 @@ def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | No
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
              "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR,
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
-    env = {"PATH": f"/usr/local/bin:/usr/bin:/bin:{prefix}/bin", "HOME": WORKDIR, "TMPDIR": "/tmp",
-           "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
-    for key, value in env.items():
+    for key, value in sandbox_env(prefix).items():
         args += ["--setenv", key, value]
     return args
+
+
+def sandbox_env(prefix: str) -> dict[str, str]:
+    """The whole environment of the code in a sandbox (docs/sandbox.md lists it; bwrap's --chdir would set PWD
+    anyway, docker's working_dir does not, so it is given here for both)."""
+    return {"PATH": f"/usr/local/bin:/usr/bin:/bin:{prefix}/bin", "HOME": WORKDIR, "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "PWD": WORKDIR}
 
 
 class FdReader:
@@ -221,13 +226,14 @@ class BwrapBackend:
                 cmd = inner
             if cg is not None:
                 cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
-                # The shell joins the cgroup, then execs bwrap: every process of the sandbox starts inside it.
+                # The shell joins the cgroup, then execs bwrap: every process of the sandbox starts inside it. It
+                # drops the PWD it exports, so bwrap (pid 1 inside, /proc/1/environ) starts with an empty env.
                 joins = " && ".join(f"echo 0 > {f}" for f in cg.procs_files)
-                cmd = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *cmd]
+                cmd = ["/bin/sh", "-c", f'unset PWD OLDPWD; {joins} && exec "$@"', "sh", *cmd]
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, pass_fds=(w_res,) if seccomp_fd is None else (w_res, seccomp_fd),
-                start_new_session=True, cwd=workdir,
+                start_new_session=True, cwd=workdir or "/",
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": workdir or "/"}
                 if not self.isolate else {}, limit=1 << 20)
         except BaseException:
@@ -302,18 +308,6 @@ class BwrapBackend:
         self._wake.set()
         return await self._spawn(RUNNER_SRC, [], self.cfg.default_memory_mb)
 
-    def _payload(self, req: ExecRequest) -> dict:
-        payload = {"language": req.language, "code": req.code, "files": req.files, "fetch_files": req.fetch_files,
-                   "fetch_limit": self.cfg.max_body_bytes,
-                   "rlimits": {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit,
-                               "cpu": int(req.run_timeout) + 2}}
-        if req.language != "python":
-            interpreter, suffix = LANGUAGES[req.language]
-            payload["interpreter"] = interpreter
-            payload["suffix"] = suffix
-            payload["script_dir"] = "/tmp" if self.isolate else "."
-        return payload
-
     async def execute(self, req: ExecRequest) -> ExecResult:
         try:
             warm = await self._take()
@@ -341,18 +335,28 @@ class BwrapBackend:
                 reasons.append("output_limit")
                 asyncio.create_task(warm.kill())
 
-        payload = self._payload(req)
+        payload = runner_payload(req, cfg)
         payload["nonce"] = secrets.token_hex(8)
         marker = f"\x00agentrl-run-end:{payload['nonce']}\x00".encode()
         drains = [asyncio.create_task(drain(proc.stdout, out, cfg.output_kill_bytes, over_limit, marker)),
                   asyncio.create_task(drain(proc.stderr, err, cfg.output_kill_bytes, over_limit, marker))]
         feeder = asyncio.create_task(self._feed(proc, encode_frame(payload) + req.stdin))
         started = time.monotonic()
-        result = None
+        result = compiled = None
         try:
-            result = await asyncio.wait_for(read_frame(warm.results), req.run_timeout + 0.1)
+            if "compile" in payload:  # the compiler's own limit is enforced inside; this one is the backstop
+                result = await asyncio.wait_for(read_frame(warm.results), req.compile_timeout + 2)
+                if result is not None and "compile" in result:
+                    compiled, result = result["compile"], None
+                    started = time.monotonic()
+                    result = await asyncio.wait_for(read_frame(warm.results), req.run_timeout + 0.1)
+            else:
+                result = await asyncio.wait_for(read_frame(warm.results), req.run_timeout + 0.1)
         except asyncio.TimeoutError:
             reasons.append("timeout")
+            if "compile" in payload and compiled is None:
+                compiled = {"status": "TimeLimitExceeded", "execution_time": time.monotonic() - started,
+                            "return_code": None, "stdout": "", "stderr": ""}
         elapsed = time.monotonic() - started
         feeder.cancel()
         if result is not None:
@@ -369,6 +373,8 @@ class BwrapBackend:
         counters = cg.counters().delta(base) if cg is not None else None
         if result is not None and "setup_error" in result:
             return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=result["setup_error"])
+        if compiled is not None and compiled["status"] == "Error":
+            return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=compiled["stderr"])
         if result is None and not reasons and proc.returncode == 3:
             return ExecResult(status="Error", return_code=None, exit_reason="exit",
                               infra_error="sandbox runner rejected the request frame")
@@ -396,9 +402,17 @@ class BwrapBackend:
         if sig is not None:
             reasons.append("signal")
         status = "TimeLimitExceeded" if "timeout" in reasons else "Finished"
+        ran = compiled is None or (compiled["status"] == "Finished" and compiled["return_code"] == 0)
+        truncated = out.truncated or err.truncated or bool(compiled and compiled.get("truncated"))
+        if compiled is not None:
+            if compiled["status"] == "TimeLimitExceeded" and "timeout" not in reasons:
+                reasons.append("timeout")
+            compiled = {k: compiled.get(k) for k in ("status", "execution_time", "return_code", "stdout", "stderr")}
+            if compiled["execution_time"] is not None:
+                compiled["execution_time"] = round(compiled["execution_time"], 4)
         return ExecResult(
-            status=status, return_code=return_code, exit_reason=reasons[0] if reasons else "exit",
-            stdout=out.text(), stderr=err.text(), truncated=out.truncated or err.truncated,
+            compile=compiled, ran=ran, status=status, return_code=return_code,
+            exit_reason=reasons[0] if reasons else "exit", stdout=out.text(), stderr=err.text(), truncated=truncated,
             signal=signal.Signals(sig).name if sig and sig in signal.Signals._value2member_map_ else None,
             execution_time=round(elapsed, 4), files=result["files"] if result else {},
             file_errors=result["file_errors"] if result else {},

@@ -22,8 +22,8 @@ import socket
 import struct
 import time
 
-from sandbox.backends.base import LANGUAGES, BackendError, ExecRequest, ExecResult, encode_frame
-from sandbox.backends.bwrap import RUNNER_SRC
+from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_frame, runner_payload
+from sandbox.backends.bwrap import RUNNER_SRC, WORKDIR, sandbox_env
 from sandbox.config import SandboxConfig
 from sandbox.output import HeadTail
 
@@ -79,7 +79,7 @@ class DockerBackend:
             nano_cpus=int(self.cfg.cpu_quota * 1e9), read_only=True,
             tmpfs={"/tmp": tmpfs_opts, "/workspace": tmpfs_opts}, working_dir="/workspace", user="65534:65534",
             cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True,
-            environment={"HOME": "/workspace", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
+            environment=sandbox_env("/usr/local"),
             ulimits=[Ulimit(name="fsize", soft=self.cfg.max_file_bytes, hard=self.cfg.max_file_bytes),
                      Ulimit(name="nofile", soft=self.cfg.nofile_limit, hard=self.cfg.nofile_limit),
                      Ulimit(name="core", soft=0, hard=0)],
@@ -124,23 +124,20 @@ class DockerBackend:
         """Blocking: one program in `container` through `docker exec`, with the time limit on the socket."""
         import docker
 
-        payload = {"language": req.language, "code": req.code, "files": req.files, "fetch_files": req.fetch_files,
-                   "fetch_limit": self.cfg.max_body_bytes, "script_dir": "/tmp", "nonce": secrets.token_hex(8),
-                   "rlimits": {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit,
-                               "cpu": int(req.run_timeout) + 2}}
-        if req.language != "python":
-            payload["interpreter"], payload["suffix"] = LANGUAGES[req.language]
+        payload = runner_payload(req, self.cfg)
+        payload["nonce"] = secrets.token_hex(8)
         mem = f"{req.memory_mb}m"
         container.update(mem_limit=mem, memswap_limit=mem)
         api = self.client.api
-        exec_id = api.exec_create(container.id, ["python3", "-I", "-c", RUNNER_SRC, f"file:{RESULT_PATH}"],
-                                  stdin=True, stdout=True, stderr=True, workdir="/workspace", user="65534:65534")
+        # The same interpreter flags as the bwrap backend (-I -S; the runner defines what `site` would).
+        exec_id = api.exec_create(container.id, ["python3", "-I", "-S", "-c", RUNNER_SRC, f"file:{RESULT_PATH}"],
+                                  stdin=True, stdout=True, stderr=True, workdir=WORKDIR, user="65534:65534")
         sock = api.exec_start(exec_id, socket=True)
         raw: socket.socket = getattr(sock, "_sock", sock)
         data = encode_frame(payload) + req.stdin
         out, err = HeadTail(self.cfg.max_output_bytes), HeadTail(self.cfg.max_output_bytes)
         reason = None
-        deadline = time.monotonic() + req.run_timeout + 0.5
+        deadline = time.monotonic() + req.run_timeout + 0.5 + (req.compile_timeout + 2 if "compile" in payload else 0)
         try:
             raw.settimeout(5)
             with contextlib.suppress(BrokenPipeError, ConnectionResetError, socket.timeout):
@@ -173,11 +170,12 @@ class DockerBackend:
                     break
         finally:
             raw.close()
-        result = None
-        if reason is None:
-            with contextlib.suppress(docker.errors.DockerException, ValueError, IndexError):
-                text = container.exec_run(["cat", RESULT_PATH], user="65534:65534").output
-                frames = _frames(text)
+        result = compiled = None
+        with contextlib.suppress(docker.errors.DockerException, ValueError, IndexError):
+            text = container.exec_run(["cat", RESULT_PATH], user="65534:65534").output
+            frames = _frames(text)
+            compiled = next((f["compile"] for f in frames if "compile" in f), None)
+            if reason is None:
                 result = frames[-1] if frames and "exit" in frames[-1] else None
         elapsed = req.run_timeout if reason == "timeout" else (result or {}).get("elapsed", 0.0)
         sig, code = None, None
@@ -189,7 +187,14 @@ class DockerBackend:
         if sig == 9 and reason is None:
             exit_reason = "oom"  # nothing else SIGKILLs inside the container but the OOM killer or the code
         marker = f"\x00agentrl-run-end:{payload['nonce']}\x00"  # the runner's end-of-output marker
-        return ExecResult(status="TimeLimitExceeded" if reason == "timeout" else "Finished",
+        if compiled is None and "compile" in payload:
+            compiled = {"status": "TimeLimitExceeded", "execution_time": None, "return_code": None, "stdout": "",
+                        "stderr": ""}
+        if compiled is not None:
+            compiled = {k: compiled.get(k) for k in ("status", "execution_time", "return_code", "stdout", "stderr")}
+        ran = compiled is None or (compiled["status"] == "Finished" and compiled["return_code"] == 0)
+        return ExecResult(compile=compiled, ran=ran,
+                          status="TimeLimitExceeded" if reason == "timeout" else "Finished",
                           return_code=None if reason == "timeout" else (code if code is not None else 137),
                           exit_reason=exit_reason, stdout=out.text().replace(marker, ""),
                           stderr=err.text().replace(marker, ""),

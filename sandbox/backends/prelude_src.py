@@ -18,6 +18,20 @@ def _add_site_packages():
             sys.path.append(path)
 
 
+def _site_builtins():
+    """What `site` would have done that a program can observe, short of its .pth files: `exit`, `quit`,
+    `help`, `copyright`, `credits` and `license` in builtins, the interactive hook, `site` in sys.modules.
+    `import site` under -S defines its functions without running site.main()."""
+    import site
+
+    site.setquit()
+    site.setcopyright()
+    site.sethelper()
+    site.enablerlcompleter()
+    # The sandbox's environment sets PYTHONDONTWRITEBYTECODE=1, which -I (ignore PYTHON* variables) would drop.
+    sys.dont_write_bytecode = True
+
+
 def _frame(fd, obj):
     import json
 

@@ -2,12 +2,14 @@
 
 Started ahead of time as part of a warm sandbox, it forks the program's process at once (so no fork is on the
 request's path) and reports `ready`. The program process waits for one request frame on stdin (4-byte big-endian
-length + JSON; the bytes after it are the program's stdin), writes the request's files into the work dir, tells
-this supervisor what to collect afterwards, and runs the code: Python in the already started interpreter (which
-is why a warm sandbox answers faster than a fresh `python3 -c`), other languages by exec. The supervisor waits
-for it, writes an end marker on stdout/stderr, reads `fetch_files` without following symlinks, and writes one
-result frame to RESULT_FD. The host enforces time and memory from outside; the program only gets the second
-layer of rlimits here.
+length + JSON; the bytes after it are the program's stdin), writes the request's files and the program's source
+(`main.py`, `main.cpp`, ... in the work dir, as SandboxFusion runs a script file), tells this supervisor what to
+collect afterwards (length-prefixed frames on the `meta` pipe), and runs the code: Python as a script in the
+already started interpreter, through CPython's own PyRun_SimpleFileExFlags and Py_Exit (which is why a warm
+sandbox answers faster than a fresh `python3`, with the same semantics), C and C++ by compiling then exec, other
+languages by exec. The supervisor waits for it, writes an end marker on stdout/stderr, reads `fetch_files`
+without following symlinks, and writes the result frames to RESULT_FD (`compile` after a compile step, then the
+final one). The host enforces time and memory from outside; the program only gets the second layer of rlimits.
 """
 
 import os
@@ -93,71 +95,206 @@ def _fetch_files(paths, limit):
     return files, errors
 
 
-def _run_python(code):
-    """Run `code` like `python -c` would, in this (forked) interpreter; returns the exit status."""
+def _run_python(path, argv, meta_w):
+    """Run the script at `path` as `python path` does (CPython's _PyRun_SimpleFileObject, step by step) in this
+    already started, forked interpreter, then end as CPython ends: SystemExit propagates to the top of this
+    process, where CPython itself reports it and shuts the interpreter down (threads joined, atexit handlers,
+    open files flushed by their finalisers, stdio flushed), with no runner frame left active. Never returns."""
     import builtins
+    import ctypes
     import types
 
     main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
+    main.__dict__.update({"__annotations__": {}, "__builtins__": builtins})
     sys.modules["__main__"] = main
-    sys.path.insert(0, "")
+    sys.argv = [path, *argv]
+    sys.orig_argv = [sys.orig_argv[0] if sys.orig_argv else sys.executable, path, *argv]
+    sys.path.insert(0, os.path.dirname(path))  # the script's directory, as for `python path`
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = (ctypes.c_char_p, ctypes.c_char_p)
+    run_file = ctypes.pythonapi.PyRun_FileExFlags
+    run_file.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object,
+                         ctypes.c_int, ctypes.c_void_p)
+    run_file.restype = ctypes.py_object
+    fp = libc.fopen(os.fsencode(path), b"rb")
+    if not fp:
+        raise OSError(ctypes.get_errno(), "cannot open the script", path)
+    d = main.__dict__
+    d["__file__"], d["__cached__"] = path, None
+    d["__loader__"] = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", path)
     try:
-        exec(compile(code, "<string>", "exec"), main.__dict__)
-    except SystemExit as e:
-        if e.code is None:
-            return 0
-        if isinstance(e.code, int):
-            return e.code & 0xFF
-        print(e.code, file=sys.stderr)
-        return 1
-    except BaseException as e:
-        import traceback
+        run_file(fp, os.fsencode(path), 257, d, d, 1, None)  # 257: Py_file_input; the parser closes fp
+    except SystemExit:
+        _flush_io()
+        raise  # reported by CPython at the top, as `python path` reports it (__file__ stays set, as there)
+    except BaseException as e:  # noqa: BLE001 - the program's uncaught exception, printed as CPython prints it
+        _flush_io()
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # drop this frame: user frames only
+        e.__traceback__ = tb  # what the hook prints (the chained exceptions' tracebacks never held this frame)
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
+        try:
+            sys.excepthook(type(e), e, tb)
+        except BaseException as hook_error:  # noqa: BLE001
+            print("Error in sys.excepthook:", file=sys.stderr)
+            sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+            print("\nOriginal exception was:", file=sys.stderr)
+            sys.__excepthook__(type(e), e, tb)
+        del e, tb
+        status = 1
+        if sys.last_type is KeyboardInterrupt:
+            # CPython then ends by SIGINT after its shutdown; no Python runs after that, so the supervisor is
+            # told to report this exit (code 130) as death by SIGINT, as the shell would see it.
+            _frame(meta_w, {"sigint": True})
+            status = 130
+        _forget_file(d)
+        raise SystemExit(status) from None
+    _flush_io()
+    _forget_file(d)
+    raise SystemExit(0)
 
-        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-        return 1
-    return 0
+
+def _flush_io():
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - as CPython's flush_io: a broken stream is not the runner's error
+            pass
 
 
-def _child(req):
+def _forget_file(d):
+    """After a script that did not call sys.exit, CPython removes the __file__ and __cached__ it had set."""
+    for key in ("__file__", "__cached__"):
+        d.pop(key, None)
+
+
+def _capped(data, limit):
+    """Decoded head + tail of a compiler's output, at most `limit` bytes kept."""
+    half = max(1, limit // 2)
+    if len(data) <= 2 * half:
+        return data.decode("utf-8", errors="replace"), False
+    dropped = len(data) - 2 * half
+    return (data[:half].decode("utf-8", errors="replace") + f"\n...[{dropped} bytes truncated]...\n"
+            + data[-half:].decode("utf-8", errors="replace")), True
+
+
+def _compile(spec, src):
+    """Run the compiler (stdin /dev/null, own session, CPU rlimit, killed at spec["timeout"]) and return
+    SandboxFusion's compile_result fields; the compiler shares the sandbox, its cgroup and its rlimits."""
+    import resource
+    import signal
+    import subprocess
+    import time
+
+    argv = [arg.replace("{src}", src) for arg in spec["argv"]]
+    cpu = spec["cpu"]
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, preexec_fn=limit)
+    except OSError as e:
+        return {"status": "Error", "execution_time": None, "return_code": None, "stdout": "",
+                "stderr": f"cannot start the compiler {argv[0]}: {e}"}
+    status = "Finished"
+    try:
+        out, err = proc.communicate(timeout=spec["timeout"])
+    except subprocess.TimeoutExpired:
+        status = "TimeLimitExceeded"
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        out, err = proc.communicate()
+    elapsed = time.monotonic() - started
+    code = proc.returncode
+    stdout, cut_out = _capped(out, spec["output_limit"])
+    stderr, cut_err = _capped(err, spec["output_limit"])
+    return {"status": status, "execution_time": elapsed,
+            "return_code": (code if code >= 0 else 128 - code) if status == "Finished" else None,
+            "stdout": stdout, "stderr": stderr, "truncated": cut_out or cut_err}
+
+
+def _set_rlimits(limits, cpu=True):
+    """The program's rlimits; `cpu=False` leaves RLIMIT_CPU for later (the compiler gets its own first)."""
     import resource
 
-    limits = req["rlimits"]
     for name, value in (("RLIMIT_FSIZE", limits["fsize"]), ("RLIMIT_NOFILE", limits["nofile"]),
-                        ("RLIMIT_CPU", limits["cpu"]), ("RLIMIT_CORE", 0)):
+                        ("RLIMIT_CORE", 0), *((("RLIMIT_CPU", limits["cpu"]),) if cpu else ())):
         resource.setrlimit(getattr(resource, name), (value, value))
-    sys.argv = ["-c", *req.get("argv", [])]
-    if req["language"] == "python":
-        status = _run_python(req["code"])
-        # What `python -c` does at exit that a program can observe: non-daemon threads are joined, atexit
-        # handlers run, buffers are flushed. The rest of interpreter finalisation is skipped: in a forked child
-        # it touches every inherited page (copy-on-write), milliseconds per run for nothing.
-        try:
-            if "threading" in sys.modules:
-                sys.modules["threading"]._shutdown()
-            import atexit
 
-            atexit._run_exitfuncs()
-        except BaseException as e:  # noqa: BLE001 - the program's own exit-time failure, reported like Python does
-            print(f"Exception ignored at exit: {e!r}", file=sys.stderr)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:  # noqa: BLE001 - a closed or broken stream must not change the exit status
-                pass
-        os._exit(status)
+
+def _child(req, path, meta_w):
+    """The program: compile first when the language needs it, then exec it, or run Python in place."""
+    import time
+
+    limits = req["rlimits"]
+    spec = req.get("compile")
+    if spec:
+        _set_rlimits(limits, cpu=False)  # the compiler sets its own CPU limit (spec["cpu"])
+        result = _compile(spec, path)
+        ok = result["status"] == "Finished" and result["return_code"] == 0
+        _frame(meta_w, {"compile": result, "start": time.monotonic(), "run": ok})
+        if not ok:
+            os._exit(0)
+        _set_rlimits(limits)
+        os.execv(req["run"][0], [*req["run"], *req.get("argv", [])])
+    _set_rlimits(limits)
+    if req["language"] == "python":
+        _run_python(path, req.get("argv", []), meta_w)
     interpreter = req["interpreter"]
-    script = os.path.join(req["script_dir"], f".main{req['suffix']}")
-    with open(script, "w") as f:
-        f.write(req["code"])
-    os.execv(interpreter[0], [*interpreter, script, *req.get("argv", [])])
+    os.execv(interpreter[0], [*interpreter, path, *req.get("argv", [])])
+
+
+def _read_meta(fd):
+    """One frame the program process sent on the meta pipe; None if it ended (or died) first."""
+    import json
+
+    try:
+        return json.loads(_read_exact(fd, int.from_bytes(_read_exact(fd, 4), "big")))
+    except (EOFError, OSError, ValueError):
+        return None
+
+
+def _trailing_meta(fd):
+    """Frames left on the meta pipe after the program exited, read without blocking (a daemonised child of
+    the program may still hold the pipe open)."""
+    import json
+
+    os.set_blocking(fd, False)
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    frames = []
+    while len(data) >= 4:
+        size = int.from_bytes(data[:4], "big")
+        if len(data) < 4 + size:
+            break
+        try:
+            frames.append(json.loads(data[4:4 + size]))
+        except ValueError:
+            break
+        data = data[4 + size:]
+    return frames
 
 
 def main():
     import time
 
     _add_site_packages()
-    import base64  # noqa: F401  (imported before `ready`, so not on the request's path)
+    _site_builtins()
+    # Imported before `ready`, so not on the request's path.
+    import base64  # noqa: F401
+    import ctypes  # noqa: F401
     import json  # noqa: F401
     import resource  # noqa: F401
     import types  # noqa: F401
@@ -187,15 +324,18 @@ def main():
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     _frame(result_fd, {"ready": True})
-    chunks = []
-    while True:
-        chunk = os.read(meta_r, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    meta = json.loads(b"".join(chunks) or b"{}")
+    meta = _read_meta(meta_r) or {}
+    start = meta.get("start")
+    ran = "start" in meta and "setup_error" not in meta
+    if meta.get("compiled"):
+        step = _read_meta(meta_r)
+        ran = bool(step and step.get("run"))
+        if step is not None:
+            _frame(result_fd, {"compile": step["compile"]})
+            start = step["start"]
     _, status, usage = os.wait4(pid, 0)
     end = time.monotonic()
+    sigint = any(frame.get("sigint") for frame in _trailing_meta(meta_r))
     marker = ("\x00agentrl-run-end:%s\x00" % meta.get("nonce", "")).encode()
     for fd in (out_copy, err_copy):
         try:
@@ -209,9 +349,14 @@ def main():
     if "start" not in meta:
         os._exit(3)  # no valid request arrived
     files, errors = _fetch_files(meta.get("fetch_files") or [], meta.get("fetch_limit", 0))
-    exit_info = {"code": os.WEXITSTATUS(status)} if os.WIFEXITED(status) else {"signal": os.WTERMSIG(status)}
-    _frame(result_fd, {"exit": exit_info, "elapsed": end - meta["start"], "cpu": usage.ru_utime + usage.ru_stime,
-                       "maxrss_kb": usage.ru_maxrss, "files": files, "file_errors": errors})
+    if os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+        exit_info = {"signal": 2} if sigint and code == 130 else {"code": code}
+    else:
+        exit_info = {"signal": os.WTERMSIG(status)}
+    _frame(result_fd, {"exit": exit_info, "ran": ran, "elapsed": end - start,
+                       "cpu": usage.ru_utime + usage.ru_stime, "maxrss_kb": usage.ru_maxrss, "files": files,
+                       "file_errors": errors})
     os._exit(0)
 
 
@@ -226,21 +371,27 @@ def _program(meta_w):
     except (EOFError, ValueError):
         os._exit(3)
     meta = {"start": time.monotonic(), "nonce": req.get("nonce", ""), "fetch_files": req.get("fetch_files") or [],
-            "fetch_limit": req["fetch_limit"]}
+            "fetch_limit": req["fetch_limit"], "compiled": bool(req.get("compile"))}
+    path = os.path.join(os.getcwd(), req["script"])
     try:
         _write_files(req.get("files") or {})
+        fd = _open_beneath(req["script"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            data = req["code"].encode("utf-8", errors="surrogatepass")
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
     except (OSError, ValueError) as e:
         meta["setup_error"] = f"could not write files: {e}"
-    data = json.dumps(meta).encode()
-    while data:
-        data = data[os.write(meta_w, data):]
-    os.close(meta_w)
+    _frame(meta_w, meta)
     if "setup_error" in meta:
         os._exit(0)
     try:
-        _child(req)
-    except BaseException as e:  # noqa: BLE001 - a runner failure before the program started
+        _child(req, path, meta_w)  # Python ends with SystemExit, which goes up to CPython's own handling
+    except Exception as e:  # noqa: BLE001 - a runner failure before the program started
         print(f"sandbox runner: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.stderr.flush()
         os._exit(126)
 
 

@@ -8,7 +8,7 @@ SECRET = "agentrl-sandbox-test-secret-4f1d"  # set in the service's environment;
 
 
 def run(http: httpx.Client, code: str, **fields) -> dict:
-    resp = http.post("/run_code", json={"code": code, **fields})
+    resp = http.post("/run_code", json={"code": code, "language": "python", **fields})
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["status"] != "SandboxError", body

@@ -203,7 +203,7 @@ def test_kill_all_and_pid_one(http):
 def test_symlink_escape_via_fetch_files_is_refused(http):
     for code, path in [("import os\nos.symlink('/etc/passwd', 'out.txt')", "out.txt"),
                        ("import os\nos.symlink('/etc', 'd')", "d/passwd")]:
-        resp = http.post("/run_code", json={"code": code, "fetch_files": [path]})
+        resp = http.post("/run_code", json={"code": code, "language": "python", "fetch_files": [path]})
         assert resp.status_code == 400, resp.text
         assert "fetch_files" in resp.json()["detail"] and path.split("/")[0] in resp.json()["detail"]
     body = run(http, "open('result.txt', 'w').write('42')", fetch_files=["result.txt"])
@@ -216,7 +216,7 @@ def test_symlink_escape_via_fetch_files_is_refused(http):
     ("fetch_files", ["../../etc/passwd"]), ("fetch_files", ["/etc/passwd"]), ("files", {"ok.txt": "%%%"}),
 ])
 def test_bad_file_names_are_refused(http, field, value):
-    resp = http.post("/run_code", json={"code": "print(1)", field: value})
+    resp = http.post("/run_code", json={"code": "print(1)", "language": "python", field: value})
     assert resp.status_code == 400, resp.text
     assert field in resp.json()["detail"]
     assert_benign(http)
@@ -230,7 +230,7 @@ def test_no_state_leaks_between_requests(http):
                        "print(os.path.exists('/tmp/leak'), os.path.exists('leak'), sorted(os.listdir('.')))\n"
                        "print([p for p in os.listdir('/proc') if p.isdigit()])")
     lines = second["run_result"]["stdout"].splitlines()
-    assert lines[0] == "False False []"
+    assert lines[0] == "False False ['main.py']"  # only this request's own script
     assert len(eval(lines[1])) <= 3  # bwrap's init, the runner, the program: no sleeper from the first request
     assert _gone("4343.5")
 
@@ -294,7 +294,7 @@ def test_ten_megabyte_code_body(http):
     check(body, "Success", "exit")
     assert body["run_result"]["stdout"] == "42\n"
     big = "#" * (17 * 1024 * 1024)
-    resp = http.post("/run_code", json={"code": big})
+    resp = http.post("/run_code", json={"code": big, "language": "python"})
     assert resp.status_code == 413 and "max_body_bytes" in resp.text
     assert_benign(http)
 
@@ -334,4 +334,28 @@ def test_interpreter_and_system_dirs_are_read_only(http):
     body = run(http, code)
     check(body, "Success", "exit")
     assert body["run_result"]["stdout"].split() == ["30"] * 6, body  # EROFS everywhere
+    assert_benign(http)
+
+
+def test_language_is_required_and_must_be_installed(http):
+    resp = http.post("/run_code", json={"code": "print(1)"})
+    assert resp.status_code == 422 and "language" in resp.text, resp.text
+    resp = http.post("/run_code", json={"code": "print(1)", "language": "cobol"})
+    assert resp.status_code == 400 and "available" in resp.json()["detail"] and "python" in resp.json()["detail"]
+
+
+def test_environment_is_exactly_the_documented_one(http):
+    from sandbox.backends.bwrap import python_runtime, sandbox_env
+
+    code = ("import glob, os\nprint(sorted(os.environ.items()))\n"
+            "print({p: open(p, 'rb').read() for p in glob.glob('/proc/[0-9]*/environ')})")
+    body = run(http, code)
+    env_line, procs_line = body["run_result"]["stdout"].splitlines()
+    expected = sandbox_env(python_runtime()[1])
+    assert eval(env_line) == sorted(expected.items())
+    environs = eval(procs_line)
+    assert environs.pop("/proc/1/environ") == b""  # bwrap's init: nothing of the service (no PWD, no HOME)
+    whitelist = {f"{k}={v}".encode() for k, v in expected.items()}
+    for path, data in environs.items():
+        assert set(data.split(b"\0")) - {b""} == whitelist, (path, data)
     assert_benign(http)

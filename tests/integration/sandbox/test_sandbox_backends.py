@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import pytest
-from sandbox_testlib import assert_benign
+from sandbox_testlib import assert_benign, run
 
 from helpers import REPO_ROOT, free_port, service
 
@@ -66,13 +66,12 @@ def test_docker_backend_isolates():
         with httpx.Client(base_url=url, timeout=60) as http:
             assert http.get("/health").json()["isolation"] == "docker"
             assert_benign(http)
-            net = http.post("/run_code", json={"code": "import socket\ntry:\n    socket.create_connection(("
-                                                       "'1.1.1.1', 53), timeout=1)\n    print('CONNECTED')\n"
-                                                       "except OSError:\n    print('blocked')"}).json()
+            net = run(http, "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
+                            "    print('CONNECTED')\nexcept OSError:\n    print('blocked')")
             assert net["run_result"]["stdout"] == "blocked\n"
-            oom = http.post("/run_code", json={"code": "x = bytearray(512 * 2**20)", "memory_limit_MB": 128}).json()
+            oom = run(http, "x = bytearray(512 * 2**20)", memory_limit_MB=128)
             assert oom["status"] == "Failed" and oom["exit_reason"] == "oom"
-            loop = http.post("/run_code", json={"code": "while True: pass", "run_timeout": 1}).json()
+            loop = run(http, "while True: pass", run_timeout=1)
             assert loop["run_result"]["status"] == "TimeLimitExceeded"
             assert_benign(http)
 

@@ -115,3 +115,21 @@ def test_seccomp_filter_shape():
     for i, (_, jt, _, _) in enumerate(jeqs):  # every match lands on the EPERM return
         assert 6 + i + 1 + jt == deny_index
     assert insns[-1][3] == 0x00050000 | 1 and insns[-2][3] == 0x7FFF0000
+
+
+def test_compile_failure_mapping():
+    comp = {"status": "Finished", "execution_time": 0.1, "return_code": 1, "stdout": "", "stderr": "error"}
+    failed = to_response(ExecResult(status="Finished", return_code=0, exit_reason="exit", compile=comp, ran=False))
+    assert failed.status == "Failed" and failed.run_result is None and failed.compile_result.return_code == 1
+    tle = dict(comp, status="TimeLimitExceeded", return_code=None)
+    slow = to_response(ExecResult(status="Finished", return_code=0, exit_reason="timeout", compile=tle, ran=False))
+    assert slow.status == "Failed" and slow.message == "compile time limit exceeded" and slow.run_result is None
+    ok = to_response(ExecResult(status="Finished", return_code=0, exit_reason="exit", compile=dict(comp, return_code=0)))
+    assert ok.status == "Success" and ok.compile_result.status == "Finished" and ok.run_result.return_code == 0
+
+
+def test_script_name_avoids_request_files():
+    from sandbox.backends.base import script_name
+
+    assert script_name(".py", {}) == "main.py"
+    assert script_name(".py", {"./main.py": "", "main_1.py": ""}) == "main_2.py"
