@@ -104,11 +104,12 @@ class Episode:
     # What `agentrl replay` needs (agentrl/agent_loop/replay.py). `episode_id`: unique per episode
     # (f"{uid}-{sample_index}" as written by the rollout, before a trainer's refill suffix). `turns`: one dict
     # per engine call: the SamplingParams sent (seed included), the token count, finish_reason and the weight
-    # version the engine reported. `engine`: the engine's class, model and weight version at the end.
-    # Each tool_calls record also carries `response` (the registry's raw reply, before truncation).
+    # version the engine reported. `replay`: the engine (class, model, weight version), the task's tool names,
+    # tool schemas and tools_kwargs, how many messages the prompt had, and the agent config. Each tool_calls
+    # record also carries `response` (the registry's raw reply, before truncation).
     episode_id: str = ""
     turns: list[dict] = field(default_factory=list)
-    engine: dict = field(default_factory=dict)
+    replay: dict = field(default_factory=dict)
 
     def check(self) -> None:
         """Raise ValueError if the token-aligned lists disagree in length or mask values are not 0/1."""
