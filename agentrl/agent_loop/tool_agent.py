@@ -27,9 +27,10 @@ import contextlib
 import inspect
 import json
 import logging
+import random
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agentrl.agent_loop.chat import ChatTemplate
@@ -55,6 +56,7 @@ class _State:
     logprobs: list[float] = field(default_factory=list)
     turn_ids: list[int] = field(default_factory=list)
     tool_calls: list[dict] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)  # one record per engine call (Episode.turns)
     num_turns: int = 0
     finish_reason: str = ""
     infra_error: bool = False
@@ -118,6 +120,9 @@ class ToolAgentLoop:
         """Roll out `task` once. `sampling` supplies temperature/top_p/top_k/seed (max_new_tokens and stop ids
         are set per turn); `uid` is the group id; `session_id` routes every turn to one engine server."""
         sampling = sampling or SamplingParams(max_new_tokens=1)
+        if sampling.seed is None and sampling.temperature > 0:
+            # an unseeded episode still draws from a recorded seed, so `agentrl replay` can repeat it
+            sampling = SamplingParams(**{**asdict(sampling), "seed": random.SystemRandom().randrange(2**31)})
         session_id = session_id or uuid.uuid4().hex
         started = time.monotonic()
         if self.tools is not None:
@@ -143,7 +148,19 @@ class ToolAgentLoop:
             response_logprobs=state.logprobs, messages=state.messages, finish_reason=state.finish_reason,
             num_turns=state.num_turns, tool_calls=state.tool_calls, infra_error=state.infra_error,
             metrics=state.metrics, task_id=task.task_id, data_source=task.data_source, turn_ids=state.turn_ids,
+            episode_id=session_id, turns=state.turns, replay=self._replay_record(task, template, sampling, state),
         )
+
+    def _replay_record(self, task: Task, template: ChatTemplate, sampling: SamplingParams, state: _State) -> dict:
+        """Episode.replay: what re-running this episode needs besides its turns and tool responses."""
+        model = getattr(self.engine, "model_path", None) or getattr(getattr(self.engine, "model", None),
+                                                                      "name_or_path", None)
+        versions = [t["weight_version"] for t in state.turns if t.get("weight_version") is not None]
+        return {"engine": {"class": type(self.engine).__name__, "model": None if model is None else str(model),
+                           "weight_version": versions[-1] if versions else None},
+                "sampling": asdict(sampling), "tools": task.tools, "tool_schemas": template.tools,
+                "tools_kwargs": task.tools_kwargs, "prompt_messages": len(task.prompt),
+                "agent": asdict(self.config)}
 
     # --- the loop ---
 
@@ -252,6 +269,8 @@ class ToolAgentLoop:
         """One engine call; None (with the episode finished) on an engine fault or a full context."""
         t0 = time.monotonic()
         state.phase = "engine"
+        record = {"params": asdict(params), "input_tokens": len(state.prompt_ids) + len(state.response_ids)}
+        state.turns.append(record)
         try:
             gen = await self._generate(state.prompt_ids + state.response_ids, params, session_id)
         except PromptTooLongError as e:
@@ -267,6 +286,8 @@ class ToolAgentLoop:
             return None
         finally:
             state.metrics["engine_s"] += time.monotonic() - t0
+        record.update(tokens=len(gen.token_ids), finish_reason=gen.finish_reason,
+                      weight_version=gen.metrics.get("weight_version"))
         problem = self._check_generation(gen)
         if problem:
             state.metrics["infra_detail"] = f"engine: {problem}"
@@ -317,7 +338,9 @@ class ToolAgentLoop:
                                          for _, c in pending))
         for (record, _), result in zip(pending, results):
             record.update(ok=not result.is_error, error_kind=result.error_kind, latency_s=result.latency_s,
-                          content=result.content)
+                          content=result.content,
+                          response={"content": result.content, "is_error": result.is_error,
+                                    "error_kind": result.error_kind, "metrics": result.metrics})
             if result.metrics:
                 record["metrics"] = result.metrics
         state.count("tool_calls", len(records))
