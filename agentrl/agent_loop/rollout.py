@@ -25,6 +25,7 @@ from agentrl.types import FINISH_REASONS_EPISODE, Episode, SamplingParams, Task
 from agentrl.tools.errors import UnknownToolError
 
 EPISODES_FILE = "episodes.jsonl"
+TRAIN_RECORDS_FILE = "train_records.jsonl"  # per trained episode: advantage, trainer logprobs
 
 
 class RolloutManager:
@@ -118,6 +119,28 @@ def write_episodes(path: Path, episodes: list[Episode], *, step: int, n: int) ->
         f.write("\n".join(lines) + "\n")
 
 
+def write_train_records(run_dir: str | Path, step: int, episodes: list[Episode], advantages_B,
+                        old_logprobs_B_L) -> None:
+    """Append one TRAIN_RECORDS_FILE line per trained episode: {"step", "episode_id", "uid", "advantage",
+    "trainer_logprobs"}, the logprobs aligned with `response_ids` (0.0 where the mask is 0).
+
+    `advantages_B` [B] and `old_logprobs_B_L` [B, L] are the trainer's, in `episodes` order (the batch layout of
+    `agentrl.trainer.batch`: position p of a row is token p of prompt + response). `agentrl view` shows them next
+    to the rollout logprobs; a resumed run appends its re-run steps again and the last line of an episode wins.
+    """
+    lines = []
+    for i, ep in enumerate(episodes):
+        start = len(ep.prompt_ids)
+        trainer = old_logprobs_B_L[i, start:start + len(ep.response_ids)].tolist()
+        lines.append(json.dumps({"step": step, "episode_id": ep.episode_id, "uid": ep.uid,
+                                 "advantage": float(advantages_B[i]),
+                                 "trainer_logprobs": [round(x, 6) if m else 0.0
+                                                      for x, m in zip(trainer, ep.response_mask)]}))
+    if lines:
+        with (Path(run_dir) / TRAIN_RECORDS_FILE).open("a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def read_episodes(path: str | Path) -> list[dict]:
     """The rows written by `write_episodes` (Episode fields plus step and sample_index)."""
     with Path(path).open(encoding="utf-8") as f:
@@ -158,4 +181,5 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="ep", leave=False)
 
 
-__all__ = ["RolloutManager", "write_episodes", "read_episodes", "rollout_metrics", "EPISODES_FILE"]
+__all__ = ["RolloutManager", "write_episodes", "write_train_records", "read_episodes", "rollout_metrics",
+           "EPISODES_FILE", "TRAIN_RECORDS_FILE"]
