@@ -171,6 +171,10 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
         timing["timing/ref_logprob_s"] = time.perf_counter() - t0
     metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"], batch["loss_mask"],
                                  batch["turn_ids"], max_turns=cfg.agent.max_assistant_turns))
+    if cfg.rollout.dump_episodes:  # advantages and trainer logprobs per token, for `agentrl view`
+        from agentrl.agent_loop.rollout import write_train_records
+
+        write_train_records(cfg.trainer.run_dir, step, episodes, adv_B, batch["old_logprobs"])
 
     t0 = time.perf_counter()
     actor = workers.update_policy(batch, temperature=temperature,
