@@ -157,7 +157,8 @@ class ToolAgentLoop:
                                                                       "name_or_path", None)
         versions = [t["weight_version"] for t in state.turns if t.get("weight_version") is not None]
         return {"engine": {"class": type(self.engine).__name__, "model": None if model is None else str(model),
-                           "weight_version": versions[-1] if versions else None},
+                           "weight_version": versions[-1] if versions else None,
+                           "max_model_len": self.max_model_len},
                 "sampling": asdict(sampling), "tools": task.tools, "tool_schemas": template.tools,
                 "tools_kwargs": task.tools_kwargs, "prompt_messages": len(task.prompt),
                 "agent": asdict(self.config)}
