@@ -1,7 +1,9 @@
 """Reward functions: Episode -> float, chosen by `task.reward["type"]`.
 
 Built in: "exact_match" (normalised string equality), "numeric" (float within a tolerance), "unit_tests" (the
-answer's code plus the task's tests run in the sandbox: 1.0 when every assert passes). Extra types come from
+answer's code then the task's tests, run in the sandbox under a harness that proves every test passed) and
+"stdin_stdout" (the program's stdout for each case's stdin); both code rewards go through
+`agentrl.agent_loop.code_tests` and record why a run failed in `episode.metrics["reward_info"]`. Extra types come from
 `reward.custom` ({name: "module:fn"}, checked at config load) or directly as `"type": "module:fn"` in the task.
 
 A reward function has the signature `fn(task, episode, config) -> float` and may be async. If it raises, the
@@ -107,31 +109,81 @@ def extract_code(text: str, answer_from: str) -> str | None:
     return extract_answer(text, answer_from)
 
 
-async def unit_tests(task: Task, episode: Episode, config: RewardConfig) -> float:
-    """1.0 when the answer's code followed by `tests` exits cleanly in the sandbox, else 0.0.
+def _sandbox_url(task: Task, config: RewardConfig) -> str:
+    if config.sandbox_url is None:
+        raise RewardSpecError(f"task {task.task_id!r} has a {task.reward['type']} reward but reward.sandbox_url is "
+                              "not set (e.g. reward.sandbox_url=http://127.0.0.1:8080)")
+    return config.sandbox_url
 
-    A sandbox fault (unreachable, 5xx, SandboxError after retries) raises, so the episode becomes infra_error.
+
+def _record(episode: Episode, report) -> float:
+    """Keep why the run failed (which test, assertion or timeout) in the episode record; return the reward."""
+    episode.metrics["reward_info"] = report.to_dict()
+    return report.reward
+
+
+async def unit_tests(task: Task, episode: Episode, config: RewardConfig) -> float:
+    """1.0 when the harness proves that the answer's code ran and every test statement in `tests` passed.
+
+    Scored by `agentrl.agent_loop.code_tests.run_unit_tests` (early exits, "always equal" objects and the other
+    known hacks score 0); the outcome is in `episode.metrics["reward_info"]`. A sandbox fault (unreachable,
+    5xx, SandboxError after retries) raises, so the episode becomes infra_error.
     """
-    from sandbox.client import SandboxClient
+    from agentrl.agent_loop.code_tests import TestReport, rewrite_tests, run_unit_tests
 
     spec = task.reward
-    if config.sandbox_url is None:
-        raise RewardSpecError(f"task {task.task_id!r} has a unit_tests reward but reward.sandbox_url is not set "
-                              "(e.g. reward.sandbox_url=http://127.0.0.1:8080)")
+    url = _sandbox_url(task, config)
     code = extract_code(final_text(episode), config.answer_from)
+    total = len(rewrite_tests(spec["tests"]).statements)
     if not code or not code.strip():
-        return 0.0
+        return _record(episode, TestReport(0, total, "no_code", error="the answer has no code"))
     entry_point = spec.get("entry_point")
     if entry_point and not re.search(rf"\b{re.escape(entry_point)}\b", code):
-        return 0.0  # the required function is not even mentioned: skip the sandbox round trip
-    program = f"{code}\n\n{spec['tests']}\n"
-    async with SandboxClient(config.sandbox_url) as client:
-        result = await client.run_code(program, language="python", run_timeout=config.unit_tests_timeout_s)
-    return 1.0 if result.get("status") == "Success" else 0.0
+        # The required function is not even mentioned: skip the sandbox round trip.
+        return _record(episode, TestReport(0, total, "no_code", error=f"the code never mentions {entry_point!r}"))
+    report = await run_unit_tests(url, code, spec["tests"], timeout_s=config.unit_tests_timeout_s)
+    return _record(episode, report)
 
 
-REWARDS: dict[str, Callable] = {"exact_match": exact_match, "numeric": numeric, "unit_tests": unit_tests}
-_REQUIRED_FIELDS = {"exact_match": ("ground_truth",), "numeric": ("ground_truth",), "unit_tests": ("tests",)}
+def extract_program(text: str, language: str, answer_from: str) -> str | None:
+    """The last fenced block of `language` (```cpp / ```c++ for cpp), else the last python-or-bare block, else
+    the answer."""
+    if language == "python":
+        return extract_code(text, answer_from)
+    tags = {"cpp": "cpp|c\\+\\+|cc|cxx", "c": "c"}.get(language, re.escape(language))
+    blocks = re.findall(rf"```(?:{tags})[ \t]*\n(.*?)```", text, re.DOTALL)
+    if blocks:
+        return blocks[-1]
+    return extract_code(text, answer_from)
+
+
+async def stdin_stdout(task: Task, episode: Episode, config: RewardConfig) -> float:
+    """1.0 when the program, run once per case with `input` on stdin, prints each case's `output`
+    (whitespace-normalised) and exits 0 within `timeout_s` (default reward.unit_tests_timeout_s).
+
+    Spec: {"type": "stdin_stdout", "cases": [{"input": ..., "output": ...}], "language": "python" | "cpp"}.
+    """
+    from agentrl.agent_loop.code_tests import TestReport, run_stdin_stdout
+
+    spec = task.reward
+    url = _sandbox_url(task, config)
+    cases = spec["cases"]
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and "output" in c for c in cases):
+        raise RewardSpecError(f"task {task.task_id!r}: stdin_stdout cases must be a list of "
+                              "{'input': ..., 'output': ...} mappings")
+    language = spec.get("language", "python")
+    code = extract_program(final_text(episode), language, config.answer_from)
+    if not code or not code.strip():
+        return _record(episode, TestReport(0, len(cases), "no_code", error="the answer has no code"))
+    timeout = float(spec.get("timeout_s", config.unit_tests_timeout_s))
+    report = await run_stdin_stdout(url, code, cases, language=language, timeout_s=timeout)
+    return _record(episode, report)
+
+
+REWARDS: dict[str, Callable] = {"exact_match": exact_match, "numeric": numeric, "unit_tests": unit_tests,
+                                 "stdin_stdout": stdin_stdout}
+_REQUIRED_FIELDS = {"exact_match": ("ground_truth",), "numeric": ("ground_truth",), "unit_tests": ("tests",),
+                    "stdin_stdout": ("cases",)}
 
 
 def resolve_reward_fn(spec: dict, config: RewardConfig, where: str = "task") -> Callable:
@@ -174,4 +226,5 @@ async def compute_reward(task: Task, episode: Episode, config: RewardConfig) -> 
 
 
 __all__ = ["RewardFn", "RewardSpecError", "REWARDS", "compute_reward", "check_reward_specs", "resolve_reward_fn",
-           "extract_answer", "extract_code", "final_text", "parse_number", "exact_match", "numeric", "unit_tests"]
+           "extract_answer", "extract_code", "extract_program", "final_text", "parse_number", "exact_match", "numeric",
+           "unit_tests", "stdin_stdout"]
