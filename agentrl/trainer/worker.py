@@ -31,10 +31,8 @@ from agentrl.services import free_port
 from agentrl.trainer.algos import (
     agg_loss,
     entropy_from_logits,
-    kl_penalty,
     logprobs_from_logits,
-    masked_sum,
-    policy_loss_vanilla,
+    ppo_objective,
 )
 from agentrl.trainer.batch import (
     MicroBatchPlan,
@@ -194,27 +192,15 @@ class PolicyWorker:
         a = self.actor
         need_entropy = a.entropy_coeff != 0 or a.calculate_entropy
         logp, ent = self._forward(self.model, mb, temperature, need_entropy)
-        mask = mb["loss_mask"].to(self.device)
-        agg = {"num_tokens": num_tokens, "num_seqs": num_seqs, "scale_factor": a.loss_scale_factor}
-        pg_loss, pg_stats = policy_loss_vanilla(
-            logp, mb["old_logprobs"].to(self.device), mb["advantages"].to(self.device), mask,
+        optional = {name: mb[name].to(self.device) if name in mb.keys() else None
+                    for name in ("rollout_is_weights", "ref_logprobs")}
+        return ppo_objective(
+            logp, mb["old_logprobs"].to(self.device), mb["advantages"].to(self.device),
+            mb["loss_mask"].to(self.device), loss_mode=a.policy_loss.loss_mode, loss_options=a.policy_loss.options(),
             clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
-            agg_mode=a.loss_agg_mode, **agg)
-        loss = pg_loss
-        stats = {"pg_loss": pg_loss.detach(), **pg_stats}
-        if a.use_kl_loss:
-            kl = kl_penalty(logp, mb["ref_logprobs"].to(self.device), a.kl_loss_type)
-            kl_loss = agg_loss(kl, mask, a.loss_agg_mode, **agg)
-            loss = loss + a.kl_loss_coef * kl_loss
-            stats["kl_loss"] = kl_loss.detach()
-            stats["kl"] = (masked_sum(kl.detach(), mask) / mask.sum().clamp_min(1))
-        if ent is not None:
-            ent_loss = agg_loss(ent, mask, a.loss_agg_mode, **agg)
-            if a.entropy_coeff != 0:
-                loss = loss - a.entropy_coeff * ent_loss
-            stats["entropy_loss"] = ent_loss.detach()
-            stats["entropy"] = masked_sum(ent.detach(), mask) / mask.sum().clamp_min(1)
-        return loss, stats
+            agg_mode=a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, scale_factor=a.loss_scale_factor,
+            is_weights=optional["rollout_is_weights"], ref_logprobs=optional["ref_logprobs"] if a.use_kl_loss else None,
+            kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, entropy=ent, entropy_coeff=a.entropy_coeff)
 
     def _sft_loss(self, mb: TensorDict, num_tokens: int, num_seqs: int, temperature: float):
         logp, _ = self._forward(self.model, mb, 1.0, False)

@@ -1,0 +1,56 @@
+"""RL math: advantage estimators, policy and value losses, reference-KL estimators and controllers, rollout
+correction, loss aggregation, and log-probabilities / entropy from logits.
+
+Pure functions over torch tensors: no models, no config objects. Formulas follow the seeds and verl's
+`core_algos.py` (REFERENCE.md sections 1 and 1b); deliberate differences are stated where they occur.
+Shape suffixes: B trajectories, T response tokens (padded), V vocabulary. Masks are 0/1 tensors (bool, int or
+float) shaped like the tensor they select from; 1 marks a token sampled by the policy.
+
+Modules: `core` (reductions, GRPO, vanilla PPO loss, KL estimators, agg_loss, logprobs), `advantages`
+(estimators and their registry), `losses` (value loss, the other policy losses, their registry, the objective).
+Import from `agentrl.trainer.algos`.
+"""
+
+from agentrl.trainer.algos.advantages import *  # noqa: F403
+from agentrl.trainer.algos.advantages import __all__ as _advantages_all
+from agentrl.trainer.algos.core import (
+    AGG_MODES,
+    DEFAULT_CHUNK_ELEMENTS,
+    KL_KINDS,
+    LOG_RATIO_CLAMP,
+    LOW_VAR_KL_CLAMP,
+    agg_loss,
+    broadcast_advantages,
+    entropy_from_logits,
+    grpo_advantages,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    policy_loss_vanilla,
+)
+from agentrl.trainer.algos.losses import *  # noqa: F403
+from agentrl.trainer.algos.losses import __all__ as _losses_all
+
+__all__ = [
+    "AGG_MODES",
+    "DEFAULT_CHUNK_ELEMENTS",
+    "KL_KINDS",
+    "LOG_RATIO_CLAMP",
+    "LOW_VAR_KL_CLAMP",
+    "agg_loss",
+    "broadcast_advantages",
+    "entropy_from_logits",
+    "grpo_advantages",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "policy_loss_vanilla",
+    *_advantages_all,
+    *_losses_all,
+]

@@ -1,0 +1,118 @@
+"""algorithm / actor.policy_loss / critic configuration: defaults, resolution and load-time errors."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from agentrl.config import ConfigError, load_config, save_config
+from agentrl.trainer.config import TrainConfig
+
+
+def load(*overrides: str) -> TrainConfig:
+    return load_config(TrainConfig, overrides=list(overrides))
+
+
+def test_defaults_are_grpo_without_critic():
+    cfg = load()
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.critic.enable is False
+    assert cfg.actor.policy_loss.loss_mode == "vanilla"
+    assert cfg.algorithm.kl_ctrl.type == "fixed" and cfg.algorithm.rollout_correction.level is None
+
+
+def test_gae_turns_the_critic_on_and_inherits_actor_batching():
+    cfg = load("algorithm.adv_estimator=gae", "algorithm.lam=0.95", "actor.ppo_epochs=2",
+               "actor.loss_agg_mode=seq-mean-token-mean", "data.train_batch_size=16", "critic.ppo_mini_batch_size=4")
+    assert cfg.critic.enable is True and cfg.critic.ppo_epochs == 2
+    assert cfg.critic.loss_agg_mode == "seq-mean-token-mean" and cfg.critic.ppo_mini_batch_size == 4
+    assert cfg.critic.model.path is None  # initialise from the policy
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load("algorithm.adv_estimator=gae", "algorithm.kl_ctrl.type=adaptive", "actor.policy_loss.loss_mode=cispo")
+    assert load_config(TrainConfig, save_config(cfg, tmp_path)) == cfg
+
+
+def test_gae_without_critic_is_rejected_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"adv_estimator='gae' needs critic values.*critic.enable=true"):
+        load("algorithm.adv_estimator=gae", "critic.enable=false")
+
+
+def test_critic_with_grpo_is_only_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="agentrl.trainer.config"):
+        cfg = load("critic.enable=true")
+    assert cfg.critic.enable is True and "trained and unused" in caplog.text
+
+
+def test_both_kl_paths_warn(caplog):
+    with caplog.at_level(logging.WARNING, logger="agentrl.trainer.config"):
+        load("algorithm.use_kl_in_reward=true", "actor.use_kl_loss=true")
+    assert "applied twice" in caplog.text
+
+
+def test_unknown_names_fail_at_load_time():
+    with pytest.raises(ConfigError, match=r"loss_mode: unknown policy loss 'gpso'.*vanilla, gspo"):
+        load("actor.policy_loss.loss_mode=gpso")
+    with pytest.raises(ConfigError, match=r"adv_estimator 'ppo' is unknown; choose one of gae, grpo, rloo"):
+        load("algorithm.adv_estimator=ppo")
+    with pytest.raises(ConfigError, match="cannot import module"):
+        load("algorithm.adv_estimator=no_such_pkg.mod:fn")
+    with pytest.raises(ConfigError, match="algorithm.kl_penalty 'k4'"):
+        load("algorithm.kl_penalty=k4")
+    with pytest.raises(ConfigError, match="did you mean 'adaptive'"):
+        load("algorithm.kl_ctrl.type=adaptiv")
+
+
+USER_MODULE = """
+def estimator(inputs):
+    return inputs.mask_B_T * 1.0, None
+
+def two_args(a, b):
+    return a, b
+
+def my_loss(*, logprobs, old_logprobs, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+            agg_mode, num_tokens, num_seqs, scale_factor, is_weights, clip_cov_ratio=0.0):
+    return (-(advantages[:, None] * logprobs) * mask).sum() / num_tokens, {"seen_ratio": clip_cov_ratio}
+"""
+
+
+def test_module_function_escape_hatches_are_signature_checked(tmp_path, monkeypatch):
+    (tmp_path / "my_algos.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load("algorithm.adv_estimator=my_algos:estimator", "actor.policy_loss.loss_mode=my_algos:my_loss")
+    assert cfg.algorithm.adv_estimator == "my_algos:estimator"
+    with pytest.raises(ConfigError, match="must accept one argument"):
+        load("algorithm.adv_estimator=my_algos:two_args")
+    with pytest.raises(ConfigError, match="must accept the keyword arguments"):
+        load("actor.policy_loss.loss_mode=json:dumps")
+
+
+def test_bypass_mode_with_is_weights_needs_the_reinforce_loss():
+    with pytest.raises(ConfigError, match=r"bypass_mode=true.*loss_mode='vanilla'.*loss_mode=reinforce"):
+        load("algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.level=token")
+    cfg = load("algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.level=sequence",
+               "actor.policy_loss.loss_mode=reinforce")
+    assert cfg.algorithm.rollout_correction.is_threshold == 2.0
+    assert load("algorithm.rollout_correction.bypass_mode=true").algorithm.rollout_correction.bypass_mode
+
+
+def test_rollout_correction_band_and_rejection_validation():
+    corr = load("algorithm.rollout_correction.level=token", "algorithm.rollout_correction.mode=mask",
+                "algorithm.rollout_correction.threshold=4").algorithm.rollout_correction
+    assert corr.is_threshold == (0.25, 4.0)
+    with pytest.raises(ConfigError, match="needs 0 < lower < upper"):
+        load("algorithm.rollout_correction.rejection.level=token", "algorithm.rollout_correction.rejection.upper=2")
+    with pytest.raises(ConfigError, match="lower < upper"):
+        load("algorithm.rollout_correction.lower=3", "algorithm.rollout_correction.upper=2")
+
+
+def test_adaptive_kl_needs_target_and_horizon():
+    with pytest.raises(ConfigError, match="target_kl > 0 and horizon >= 1"):
+        load("algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=0")
+
+
+def test_gspo_with_ppo_sized_clip_ranges_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="agentrl.trainer.config"):
+        load("actor.policy_loss.loss_mode=gspo")
+    assert "clip_ratio_low=3e-4" in caplog.text
