@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "agentrl.trainer.sft",
     "agentrl.trainer.export",
     "agentrl.quickstart",
+    "agentrl.viewer.cli",
 ]
 
 # `agentrl bench NAME`: NAME -> module with add_arguments(parser) and run(args).
@@ -32,6 +33,7 @@ BENCH_MODULES: dict[str, str] = {
     "rollout": "agentrl.agent_loop.bench",
     "sandbox": "sandbox.bench",
     "train": "agentrl.trainer.bench",
+    "view": "agentrl.viewer.bench",
 }
 
 

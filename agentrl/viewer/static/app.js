@@ -1,0 +1,346 @@
+// agentrl view: the single-page client. Hash routes: #/ (groups), #/infra, #/episode/ROW, #/group/STEP/UID,
+// #/curves. Everything is fetched from the JSON API of agentrl/viewer/server.py; nothing from the internet.
+"use strict";
+
+const app = document.getElementById("app");
+const tip = document.getElementById("tip");
+let runInfo = null;
+let pollTimer = null;
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") el.className = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (v !== null && v !== undefined && v !== false) el.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+async function api(path) {
+  const r = await fetch(path);
+  if (!r.ok) throw new Error(`${path}: HTTP ${r.status} ${await r.text()}`);
+  return r.json();
+}
+
+function fmt(x, digits = 3) {
+  if (x === null || x === undefined) return "–";
+  if (typeof x !== "number") return String(x);
+  return Number.isInteger(x) ? String(x) : x.toFixed(digits);
+}
+
+function rewardCell(r) {
+  return h("td", { class: r > 0 ? "reward-pos" : "reward-zero" }, fmt(r));
+}
+
+// ------------------------------------------------------------------------------------------ groups and filters
+const FILTER_KEYS = ["step_min", "step_max", "data_source", "reward_min", "reward_max", "finish_reason",
+                     "error_kind", "zero_variance", "q"];
+let filterState = {};
+let page = 0;
+
+function query(extra) {
+  const p = new URLSearchParams();
+  for (const k of FILTER_KEYS) if (filterState[k] !== undefined && filterState[k] !== "" && filterState[k] !== false)
+    p.set(k, filterState[k]);
+  for (const [k, v] of Object.entries(extra || {})) p.set(k, v);
+  return p.toString();
+}
+
+function select(name, choices) {
+  const s = h("select", { name }, h("option", { value: "" }, "any"),
+              choices.map(c => h("option", { value: c }, c)));
+  s.value = filterState[name] || "";
+  return s;
+}
+
+function filterForm(onChange, { rewards = true } = {}) {
+  const num = (name, step) => {
+    const i = h("input", { type: "number", name, step: step || "any" });
+    i.value = filterState[name] ?? "";
+    return i;
+  };
+  const zv = h("input", { type: "checkbox", name: "zero_variance" });
+  zv.checked = !!filterState.zero_variance;
+  const q = h("input", { type: "search", name: "q", placeholder: "text in transcripts", size: 24 });
+  q.value = filterState.q || "";
+  const form = h("form", { class: "filters" },
+    h("label", {}, "step ≥", num("step_min", 1)), h("label", {}, "step ≤", num("step_max", 1)),
+    h("label", {}, "data source", select("data_source", runInfo.data_sources)),
+    rewards ? h("label", {}, "reward ≥", num("reward_min")) : null,
+    rewards ? h("label", {}, "reward ≤", num("reward_max")) : null,
+    h("label", {}, "finish reason", select("finish_reason", runInfo.finish_reasons)),
+    h("label", {}, "tool error", select("error_kind", runInfo.error_kinds)),
+    rewards ? h("label", {}, "zero-variance groups", zv) : null,
+    h("label", {}, "search", q),
+    h("button", { type: "submit" }, "apply"));
+  form.addEventListener("submit", ev => {
+    ev.preventDefault();
+    const data = new FormData(form);
+    filterState = {};
+    for (const k of FILTER_KEYS) if (data.get(k)) filterState[k] = data.get(k);
+    if (zv.checked) filterState.zero_variance = "true";
+    page = 0;
+    onChange();
+  });
+  return form;
+}
+
+async function showGroups() {
+  const size = 20;
+  const data = await api(`/api/groups?${query({ page, size })}`);
+  const table = h("table", { id: "groups" },
+    h("tr", {}, ["step", "group / episode", "task", "source", "reward", "advantage", "finish", "turns",
+                 "tool calls", "errors", "tokens (policy)"].map(t => h("th", {}, t))));
+  for (const g of data.groups) {
+    table.append(h("tr", { class: "group-row" },
+      h("td", {}, g.step),
+      h("td", {}, h("a", { href: `#/group/${g.step}/${encodeURIComponent(g.uid)}` }, g.uid),
+        " ", g.zero_variance ? h("span", { class: "badge zv" }, "zero variance") : null,
+        g.infra_errors ? h("span", { class: "badge err" }, `${g.infra_errors} infra`) : null),
+      h("td", {}, g.task_id), h("td", {}, g.data_source),
+      h("td", {}, `${fmt(g.reward_mean)} ± ${fmt(g.reward_std)}`),
+      h("td", { colspan: 6 }, `${g.episodes.length} of ${g.size} episodes shown`)));
+    for (const e of g.episodes) {
+      table.append(h("tr", { class: "episode-row", "data-row": e.row,
+                             onclick: () => { location.hash = `#/episode/${e.row}`; } },
+        h("td", {}, ""), h("td", {}, h("a", { href: `#/episode/${e.row}` }, `#${e.sample_index}`),
+                             h("span", { class: "muted" }, ` ${e.episode_id}`)),
+        h("td", {}, ""), h("td", {}, ""), rewardCell(e.reward), h("td", {}, fmt(e.advantage)),
+        h("td", {}, e.finish_reason), h("td", {}, e.num_turns), h("td", {}, e.num_tool_calls),
+        h("td", {}, e.error_kinds.map(k => h("span", { class: "badge err" }, k))),
+        h("td", {}, `${e.response_tokens} (${e.policy_tokens})`)));
+    }
+  }
+  const pages = Math.max(1, Math.ceil(data.total_groups / size));
+  const pager = h("div", { class: "pager" },
+    h("button", { disabled: page === 0, onclick: () => { page--; render(); } }, "◀ prev"),
+    `page ${page + 1} of ${pages}`,
+    h("button", { disabled: page + 1 >= pages, onclick: () => { page++; render(); } }, "next ▶"));
+  app.replaceChildren(
+    filterForm(render),
+    h("div", { class: "summary", id: "summary" },
+      `${data.total_groups} groups, ${data.total_episodes} matching episodes`,
+      data.indexing ? " (still indexing the run…)" : ""),
+    pager, table);
+  if (data.indexing) schedule(render, 1000);
+}
+
+async function showInfra() {
+  const data = await api(`/api/infra?${query({ page: 0, size: 200 })}`);
+  const table = h("table", { id: "infra" },
+    h("tr", {}, ["step", "episode", "task", "finish", "stop detail", "what failed"].map(t => h("th", {}, t))));
+  for (const e of data.episodes) {
+    table.append(h("tr", { class: "episode-row", onclick: () => { location.hash = `#/episode/${e.row}`; } },
+      h("td", {}, e.step), h("td", {}, h("a", { href: `#/episode/${e.row}` }, e.episode_id)),
+      h("td", {}, e.task_id), h("td", {}, e.finish_reason), h("td", {}, e.stop_detail || ""),
+      h("td", {}, e.infra_detail || "")));
+  }
+  app.replaceChildren(filterForm(render, { rewards: false }),
+    h("div", { class: "summary" }, `${data.total} infra-error episodes (not trained on, not in group statistics)`),
+    table);
+}
+
+// ------------------------------------------------------------------------------------------------- one episode
+let colourMode = "mask";
+
+function colourFor(tok, mode, advantage) {
+  if (tok.kind !== "policy" || mode === "mask") return "";
+  if (mode === "advantage") {
+    if (advantage === null || advantage === undefined) return "";
+    const a = Math.max(-1, Math.min(1, advantage / 2));
+    return a >= 0 ? `rgba(40,160,70,${0.15 + 0.6 * a})` : `rgba(220,60,50,${0.15 - 0.6 * a})`;
+  }
+  if (tok.tlp === null || tok.tlp === undefined) return "";
+  const d = Math.min(1, Math.abs(tok.lp - tok.tlp) / 0.5);
+  return `rgba(230,120,0,${0.08 + 0.8 * d})`;
+}
+
+function tokenTip(tok) {
+  const lines = [`token ${tok.i}  id ${tok.id}  ${tok.kind}${tok.turn >= 0 ? `  turn ${tok.turn}` : ""}`];
+  if (tok.kind === "policy") {
+    lines.push(`rollout logprob  ${fmt(tok.lp, 5)}`);
+    lines.push(`trainer logprob  ${fmt(tok.tlp, 5)}`);
+    if (tok.tlp !== null && tok.tlp !== undefined) lines.push(`difference       ${fmt(tok.lp - tok.tlp, 5)}`);
+  }
+  return lines.join("\n");
+}
+
+function renderTokens(box, data) {
+  box.replaceChildren();
+  const frag = document.createDocumentFragment();
+  for (const tok of data.tokens) {
+    const span = document.createElement("span");
+    span.className = `tok ${tok.kind}`;
+    span.textContent = tok.text;
+    span.dataset.i = tok.i;
+    const bg = colourFor(tok, colourMode, data.advantage);
+    if (bg) span.style.background = bg;
+    frag.append(span);
+  }
+  box.append(frag);
+}
+
+function callBlock(c) {
+  const resp = c.response || {};
+  return h("div", { class: `call${c.error_kind ? " error" : ""}` },
+    h("div", {}, h("b", {}, c.name), ` (turn ${c.turn}, ${c.call_id}) `,
+      c.ok ? h("span", { class: "badge" }, "ok") : h("span", { class: "badge err" }, c.error_kind || "error"),
+      ` ${fmt(c.latency_s)} s`, c.truncated ? h("span", { class: "badge" }, "truncated") : null),
+    h("div", { class: "muted" }, "arguments"), h("pre", {}, JSON.stringify(c.arguments, null, 1)),
+    c.raw ? [h("div", { class: "muted" }, "raw"), h("pre", {}, c.raw)] : null,
+    resp.content !== undefined ? [h("div", { class: "muted" }, "response"), h("pre", {}, resp.content)] : null);
+}
+
+async function showEpisode(row) {
+  const data = await api(`/api/episode/${row}`);
+  const s = data.summary;
+  const box = h("div", { class: "tokens collapsed-prompt", id: "tokens" });
+  box.addEventListener("mouseover", ev => {
+    const i = ev.target.dataset && ev.target.dataset.i;
+    if (i === undefined) return;
+    tip.textContent = tokenTip(data.tokens[Number(i)]);
+    tip.hidden = false;
+  });
+  box.addEventListener("mousemove", ev => { tip.style.left = `${ev.clientX + 12}px`; tip.style.top = `${ev.clientY + 12}px`; });
+  box.addEventListener("mouseleave", () => { tip.hidden = true; });
+  const modes = h("select", { id: "colour-mode", onchange: ev => { colourMode = ev.target.value; renderTokens(box, data); } },
+    h("option", { value: "mask" }, "colour by response_mask"),
+    h("option", { value: "advantage" }, "colour by advantage"),
+    h("option", { value: "drift" }, "colour by drift |rollout − trainer logprob|"));
+  modes.value = colourMode;
+  const promptToggle = h("label", {}, h("input", { type: "checkbox", id: "show-prompt",
+    onchange: ev => box.classList.toggle("collapsed-prompt", !ev.target.checked) }), " show prompt tokens");
+  const counts = { policy: 0, observation: 0, glue: 0 };
+  for (const t of data.tokens) if (t.kind in counts) counts[t.kind]++;
+  renderTokens(box, data);
+  app.replaceChildren(
+    h("div", { class: "panel" },
+      h("h3", {}, `episode ${s.episode_id} `, h("a", { href: `#/group/${s.step}/${encodeURIComponent(s.uid)}` }, "(group)")),
+      h("div", {}, `step ${s.step} · task ${s.task_id} · ${s.data_source} · reward `, h("b", {}, fmt(s.reward)),
+        ` · advantage ${fmt(data.advantage)} · ${s.finish_reason} (${data.metrics.stop_detail || ""})`,
+        ` · ${s.num_turns} turns · ${s.num_tool_calls} tool calls`,
+        s.infra_error ? h("span", { class: "badge err" }, `infra error: ${data.metrics.infra_detail || ""}`) : null),
+      h("div", { class: "muted", id: "token-counts", "data-policy": counts.policy,
+                 "data-mask-sum": data.sum_response_mask },
+        `${data.prompt_tokens} prompt tokens · ${counts.policy} policy · ${counts.observation} observation · `,
+        `${counts.glue} template glue · sum(response_mask) = ${data.sum_response_mask}`,
+        data.has_trainer_logprobs ? "" : " · trainer logprobs not recorded for this episode")),
+    h("div", { class: "panel" },
+      h("div", { class: "legend" }, h("span", { class: "tok policy" }, "policy (mask 1)"),
+        h("span", { class: "tok observation" }, "tool observation"), h("span", { class: "tok glue" }, "template glue"),
+        h("span", { class: "tok prompt" }, "prompt"), " ", modes, " ", promptToggle),
+      box),
+    h("div", { class: "panel" }, h("h3", {}, "tool calls"),
+      data.tool_calls.length ? data.tool_calls.map(callBlock) : h("div", { class: "muted" }, "none")));
+}
+
+// -------------------------------------------------------------------------------------------------- one group
+function messageBlock(m) {
+  const calls = (m.tool_calls || []).map(c => h("div", { class: "call" }, h("b", {}, c.function.name),
+    h("pre", {}, JSON.stringify(c.function.arguments, null, 1))));
+  return h("div", { class: `msg ${m.role}` }, h("div", { class: "role" }, m.role, m.name ? ` · ${m.name}` : ""),
+    m.content ? h("pre", {}, m.content) : null, calls);
+}
+
+async function showGroup(step, uid) {
+  const data = await api(`/api/group/${step}/${encodeURIComponent(uid)}`);
+  const cols = data.episodes.map(e => h("div", { class: "panel", "data-row": e.row },
+    h("div", {}, h("a", { href: `#/episode/${e.row}` }, `#${e.sample_index}`), " reward ", h("b", {}, fmt(e.reward)),
+      ` · adv ${fmt(e.advantage)} · ${e.finish_reason}`,
+      e.infra_error ? h("span", { class: "badge err" }, "infra") : null),
+    e.messages.filter(m => m.role !== "system").map(messageBlock)));
+  app.replaceChildren(h("h3", {}, `group ${uid} (step ${step}): ${data.episodes.length} episodes`),
+    h("div", { class: "side", id: "group" }, cols));
+}
+
+// -------------------------------------------------------------------------------------------------- curves
+const CURVE_KEYS = [
+  ["reward/mean", "reward"], ["reward/success_rate", "success rate"], ["val/reward/mean", "held-out reward"],
+  ["actor/ppo_kl", "PPO KL"], ["actor/kl", "KL to reference"], ["actor/entropy", "entropy"],
+  ["episode/response_tokens_mean", "response tokens"], ["episode/num_turns_mean", "turns"],
+  ["drift/abs_mean", "drift |rollout − trainer logprob|"], ["timing/step_s", "step time (s)"],
+  ["timing/rollout_s", "rollout time (s)"], ["timing/update_s", "update time (s)"],
+];
+let metricRows = [];
+
+function chart(title, points) {
+  const W = 360, H = 160, L = 40, B = 20, T = 8, R = 8;
+  const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
+  const sx = x => L + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (W - L - R);
+  const sy = y => T + (1 - (y1 === y0 ? 0.5 : (y - y0) / (y1 - y0))) * (H - T - B);
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  const add = (tag, attrs, text) => {
+    const el = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+    if (text !== undefined) el.textContent = text;
+    svg.append(el);
+  };
+  add("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B });
+  add("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B });
+  add("text", { x: 2, y: T + 8 }, fmt(y1, 3));
+  add("text", { x: 2, y: H - B }, fmt(y0, 3));
+  add("text", { x: L, y: H - 4 }, `step ${x0}`);
+  add("text", { x: W - R - 40, y: H - 4 }, `step ${x1}`);
+  add("polyline", { class: "line", points: points.map(p => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ") });
+  for (const p of points.length < 60 ? points : []) add("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2, fill: "#2f6fdb" });
+  return h("div", { class: "chart", "data-key": title }, h("h4", {}, title), svg);
+}
+
+async function showCurves() {
+  const data = await api(`/api/metrics?since=${metricRows.length}`);
+  if (data.total < metricRows.length) metricRows = [];
+  metricRows = metricRows.concat(data.rows);
+  const charts = [];
+  for (const [key, label] of CURVE_KEYS) {
+    const pts = metricRows.filter(r => typeof r[key] === "number").map(r => [r.step, r[key]]);
+    if (pts.length) charts.push(chart(`${label} (${key})`, pts));
+  }
+  const parts = [h("div", { class: "summary" }, `${metricRows.length} logged steps`,
+                   data.complete ? " · run complete" : " · live: refreshing every 5 s")];
+  if (runInfo.kind === "eval") {
+    const ev = await api("/api/eval");
+    parts.push(h("div", { class: "panel", id: "eval-summary" }, h("h3", {}, `evaluation: ${ev.name}`),
+      h("pre", {}, JSON.stringify(ev.summary, null, 1))));
+  }
+  parts.push(charts.length ? h("div", { class: "charts", id: "charts" }, charts)
+                           : h("div", { class: "muted" }, "no metrics.jsonl rows yet"));
+  app.replaceChildren(...parts);
+  if (!data.complete && runInfo.kind !== "eval") schedule(render, 5000);
+}
+
+// -------------------------------------------------------------------------------------------------- routing
+function schedule(fn, ms) {
+  clearTimeout(pollTimer);
+  const route = location.hash;
+  pollTimer = setTimeout(() => { if (location.hash === route) fn(); }, ms);
+}
+
+async function render() {
+  clearTimeout(pollTimer);
+  try {
+    runInfo = await api("/api/run");
+    document.getElementById("run-info").textContent =
+      `${runInfo.run_dir} · ${runInfo.kind} · ${runInfo.episodes} episodes${runInfo.indexing ? " (indexing…)" : ""}`;
+    document.getElementById("infra-count").textContent = runInfo.infra_errors ? `(${runInfo.infra_errors})` : "";
+    const parts = location.hash.replace(/^#\/?/, "").split("/");
+    if (parts[0] === "episode") await showEpisode(Number(parts[1]));
+    else if (parts[0] === "group") await showGroup(Number(parts[1]), decodeURIComponent(parts.slice(2).join("/")));
+    else if (parts[0] === "curves") await showCurves();
+    else if (parts[0] === "infra") await showInfra();
+    else await showGroups();
+    document.body.dataset.ready = location.hash || "#/";
+  } catch (err) {
+    app.replaceChildren(h("pre", { class: "panel" }, String(err)));
+  }
+}
+
+window.addEventListener("hashchange", () => { tip.hidden = true; render(); });
+render();
