@@ -122,12 +122,14 @@ def read_task_files(paths: list[str], key: str) -> tuple[list[TaskRows], list[st
 
 
 def check_rewards(files: list[TaskRows], reward_cfg, *, sandbox_key: str = "reward.sandbox_url") -> list[str]:
-    """Every task's reward spec resolves to a function; unit_tests rewards have a reachable sandbox."""
-    from agentrl.agent_loop.rewards import RewardSpecError, resolve_reward_fn
+    """Every task's reward spec resolves to a function; code rewards (unit_tests, stdin_stdout) have a reachable
+    sandbox."""
+    from agentrl.agent_loop.rewards import SANDBOX_REWARDS, RewardSpecError, resolve_reward_fn
     from agentrl.config import ConfigError
 
     problems = []
-    unit_tests: dict[str, list[int]] = defaultdict(list)
+    code_rows: dict[str, list[int]] = defaultdict(list)
+    code_kinds: set[str] = set()
     for f in files:
         lines = []
         for number, task in f.rows:
@@ -135,14 +137,16 @@ def check_rewards(files: list[TaskRows], reward_cfg, *, sandbox_key: str = "rewa
                 resolve_reward_fn(task.reward, reward_cfg, where=f"{f.path}:row {number}")
             except (RewardSpecError, ConfigError) as e:
                 lines.append(str(e))
-            if task.reward.get("type") == "unit_tests":
-                unit_tests[f.path].append(number)
+            if task.reward.get("type") in SANDBOX_REWARDS:
+                code_rows[f.path].append(number)
+                code_kinds.add(task.reward["type"])
         problems += _capped(lines, f.path, "rows with reward problems")
-    if unit_tests and reward_cfg.sandbox_url is None:
-        path, numbers = next(iter(unit_tests.items()))
-        problems.append(f"{sandbox_key} is not set, but {_rows(numbers)} of {path} have unit_tests rewards, which "
+    if code_rows and reward_cfg.sandbox_url is None:
+        path, numbers = next(iter(code_rows.items()))
+        kinds = "/".join(sorted(code_kinds))
+        problems.append(f"{sandbox_key} is not set, but {_rows(numbers)} of {path} have {kinds} rewards, which "
                         f"run in the sandbox; start one (`agentrl sandbox serve --port 8080`) and set {sandbox_key}")
-    elif unit_tests:
+    elif code_rows:
         problems += _check_sandbox(reward_cfg.sandbox_url, sandbox_key)
     return problems
 

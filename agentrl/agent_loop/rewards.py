@@ -182,6 +182,7 @@ async def stdin_stdout(task: Task, episode: Episode, config: RewardConfig) -> fl
 
 REWARDS: dict[str, Callable] = {"exact_match": exact_match, "numeric": numeric, "unit_tests": unit_tests,
                                  "stdin_stdout": stdin_stdout}
+SANDBOX_REWARDS = frozenset({"unit_tests", "stdin_stdout"})  # reward types that run code in the sandbox
 _REQUIRED_FIELDS = {"exact_match": ("ground_truth",), "numeric": ("ground_truth",), "unit_tests": ("tests",),
                     "stdin_stdout": ("cases",)}
 
@@ -225,6 +226,6 @@ async def compute_reward(task: Task, episode: Episode, config: RewardConfig) -> 
     return value
 
 
-__all__ = ["RewardFn", "RewardSpecError", "REWARDS", "compute_reward", "check_reward_specs", "resolve_reward_fn",
+__all__ = ["RewardFn", "RewardSpecError", "REWARDS", "SANDBOX_REWARDS", "compute_reward", "check_reward_specs", "resolve_reward_fn",
            "extract_answer", "extract_code", "extract_program", "final_text", "parse_number", "exact_match", "numeric",
            "unit_tests", "stdin_stdout"]

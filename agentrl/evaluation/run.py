@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterable
 
 from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig
-from agentrl.agent_loop.rewards import final_text
+from agentrl.agent_loop.rewards import SANDBOX_REWARDS, final_text
 from agentrl.agent_loop.rollout import EPISODES_FILE, RolloutManager
 from agentrl.evaluation.metrics import summarize
 from agentrl.evaluation.report import markdown_report
@@ -172,9 +172,11 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
     engine_config = engine_config or EngineConfig()
     agent_config = agent_config or AgentLoopConfig()
     reward_config = reward_config or RewardConfig()
-    if reward_config.sandbox_url is None and any(t.reward.get("type") == "unit_tests" for t in tasks):
+    code_kinds = sorted({t.reward.get("type") for t in tasks} & SANDBOX_REWARDS)
+    if reward_config.sandbox_url is None and code_kinds:
         # otherwise every episode would fail in its grader and be reported as an infra failure
-        raise ValueError("the tasks have unit_tests rewards, which run in the sandbox: set reward_config.sandbox_url "
+        raise ValueError(f"the tasks have {'/'.join(code_kinds)} rewards, which run in the sandbox: set "
+                         "reward_config.sandbox_url "
                          "(CLI: --sandbox-url http://127.0.0.1:PORT, after `agentrl sandbox serve`)")
     sampling = RolloutConfig(n=n, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                              max_concurrent_episodes=max_concurrent_episodes, dump_episodes=run_dir is not None)

@@ -159,3 +159,11 @@ def test_output_paths(tmp_path):
     with pytest.raises(UserError, match="exists and is a file"):
         check_output_path(tmp_path / "f", "init-model OUT", directory=True)
     check_output_path(tmp_path / "new" / "x.jsonl", "OUT")
+
+
+def test_stdin_stdout_rewards_need_a_sandbox_too(tmp_path):
+    reward = {"type": "stdin_stdout", "cases": [{"input": "1\n", "output": "2"}]}
+    path = _jsonl(tmp_path / "t.jsonl", [_row(reward=reward)])
+    files, _ = read_task_files([path], "data.train_files")
+    (problem,) = check_rewards(files, RewardConfig())
+    assert problem.startswith("reward.sandbox_url is not set, but row 1 of") and "stdin_stdout rewards" in problem
