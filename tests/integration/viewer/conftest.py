@@ -83,11 +83,11 @@ def recorded_run(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        loss = teach_tool_calls(model, tokenizer, schemas, questions=QUESTIONS, turns=2, steps=60,
+        loss = teach_tool_calls(model, tokenizer, schemas, questions=QUESTIONS, turns=2, steps=100,
                                 tool_name="lookup", arguments={"key": "a"}, turn_text="Looking.")
     finally:
         torch.set_num_threads(threads)
-    assert loss < 1.0, f"the tiny model did not learn the tool call (loss {loss:.3f})"
+    assert loss < 0.5, f"the tiny model did not learn the tool call (loss {loss:.3f})"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     run_dir.mkdir()
