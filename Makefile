@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup quickstart test test-unit test-slow bwrap gxx clean
+.PHONY: setup quickstart test test-unit test-slow bwrap gxx chromium clean
 
-setup: $(STAMP) bwrap gxx
+setup: $(STAMP) bwrap gxx chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,15 @@ gxx:
 	    echo "installing g++ (sandbox languages cpp and c)"; \
 	    (apt-get install -y -qq g++ >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get install -y -qq g++ >/dev/null)); \
 	  else echo "warning: g++ missing and not root; the sandbox will not offer cpp and c"; fi; \
+	fi
+
+# chromium: the browser test of `agentrl view` drives Debian's chromium with Playwright (no browser download).
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (browser test of agentrl view)"; \
+	    (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null)); \
+	  else echo "warning: chromium missing and not root; the viewer's browser test will be skipped"; fi; \
 	fi
 
 quickstart: setup
