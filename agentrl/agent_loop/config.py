@@ -68,6 +68,22 @@ class RolloutConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """`reward.overlong_buffer`: DAPO's soft overlong punishment (`agentrl.trainer.algos.overlong_penalty`).
+    A response of L tokens (everything after the prompt) gets min(0, (agent.max_response_tokens - len - L) / len)
+    * penalty_factor added to its reward: 0 up to max_response_tokens - len, -penalty_factor at the budget."""
+
+    enable: bool = False
+    len: int = 1024  # buffer length L_buf in tokens, <= agent.max_response_tokens
+    penalty_factor: float = 1.0  # the penalty at the full budget, in reward units
+
+    def __post_init__(self) -> None:
+        if self.len < 1 or self.penalty_factor < 0:
+            raise ValueError(f"reward.overlong_buffer needs len >= 1 and penalty_factor >= 0, got len={self.len}, "
+                             f"penalty_factor={self.penalty_factor}")
+
+
+@dataclass
 class RewardConfig:
     """How episodes are scored (`agentrl.agent_loop.rewards`).
 
@@ -81,6 +97,7 @@ class RewardConfig:
     sandbox_url: str | None = None  # for "unit_tests" rewards, e.g. http://127.0.0.1:8080
     unit_tests_timeout_s: float = 10.0  # run_timeout of one unit-test run in the sandbox
     custom: dict[str, str] = field(default_factory=dict)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
     def __post_init__(self) -> None:
         if self.unit_tests_timeout_s <= 0:
@@ -101,4 +118,4 @@ def check_reward_fn(fn, what: str) -> None:
         raise ConfigError(f"{what} must accept (task, episode, config): {e}") from None
 
 
-__all__ = ["AgentLoopConfig", "RolloutConfig", "RewardConfig", "check_reward_fn"]
+__all__ = ["AgentLoopConfig", "OverlongBufferConfig", "RolloutConfig", "RewardConfig", "check_reward_fn"]

@@ -379,6 +379,10 @@ class TrainConfig:
                              f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}); both count prompts")
         _check_algorithm(self)
         _resolve_critic(self)
+        if self.reward.overlong_buffer.enable and self.reward.overlong_buffer.len > self.agent.max_response_tokens:
+            raise ValueError(f"reward.overlong_buffer.len ({self.reward.overlong_buffer.len}) must be <= "
+                             f"agent.max_response_tokens ({self.agent.max_response_tokens}): the penalty starts at "
+                             f"max_response_tokens - len")
 
 
 def _check_algorithm(cfg: TrainConfig) -> None:

@@ -7,7 +7,8 @@ Shape suffixes: B trajectories, T response tokens (padded), V vocabulary. Masks 
 float) shaped like the tensor they select from; 1 marks a token sampled by the policy.
 
 Modules: `core` (reductions, GRPO, vanilla PPO loss, KL estimators, agg_loss, logprobs), `advantages`
-(estimators and their registry), `losses` (value loss, the other policy losses, their registry, the objective).
+(estimators and their registry), `losses` (value loss, the other policy losses, their registry, the objective),
+`kl_control` (reward-side KL and its coefficient), `rollout_correction` (importance weights, rejection).
 Import from `agentrl.trainer.algos`.
 """
 
@@ -31,8 +32,12 @@ from agentrl.trainer.algos.core import (
     masked_whiten,
     policy_loss_vanilla,
 )
+from agentrl.trainer.algos.kl_control import *  # noqa: F403
+from agentrl.trainer.algos.kl_control import __all__ as _kl_control_all
 from agentrl.trainer.algos.losses import *  # noqa: F403
 from agentrl.trainer.algos.losses import __all__ as _losses_all
+from agentrl.trainer.algos.rollout_correction import *  # noqa: F403
+from agentrl.trainer.algos.rollout_correction import __all__ as _rollout_correction_all
 
 __all__ = [
     "AGG_MODES",
@@ -52,5 +57,7 @@ __all__ = [
     "masked_whiten",
     "policy_loss_vanilla",
     *_advantages_all,
+    *_kl_control_all,
     *_losses_all,
+    *_rollout_correction_all,
 ]
