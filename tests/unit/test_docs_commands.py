@@ -51,6 +51,8 @@ PARSED_ONLY = {
     ("agentrl", "sft"): "a training run; here its own --check passes (config, model, every demonstration row)",
     ("agentrl", "eval"): "a minute or more of rollouts; tests/integration/evaluation runs the command",
     ("agentrl", "export"): "needs a checkpoint, which only a training run writes",
+    ("agentrl", "view"): "serves until interrupted; tests/integration/viewer opens its page in a browser",
+    ("agentrl", "replay"): "needs a recorded run; tests/integration/viewer replays one",
     ("agentrl", "bench"): "every benchmark runs for minutes",
     ("agentrl", "engine", "launch-sglang"): "needs GPUs and SGLang; the --dry-run form runs here",
     ("bash",): "the example launchers run for minutes (tests/integration/test_examples.py runs them); here the "
