@@ -91,10 +91,7 @@ class PolicyLossConfig:
     ppo_kl_coef: float = 0.1  # kl_cov: coefficient of that penalty
 
     def __post_init__(self) -> None:
-        try:
-            resolve_policy_loss(self.loss_mode)
-        except ValueError as e:
-            raise ValueError(f"actor.policy_loss.loss_mode: {e}") from None
+        resolve_policy_loss(self.loss_mode)
         if not 0 < self.clip_cov_ratio <= 1 or not 0 < self.kl_cov_ratio <= 1:
             raise ValueError(f"actor.policy_loss.clip_cov_ratio and kl_cov_ratio must be in (0, 1], got "
                              f"{self.clip_cov_ratio}, {self.kl_cov_ratio}")
@@ -257,10 +254,7 @@ class AlgorithmConfig:
     max_filter_rounds: int = 3  # extra rollout rounds per step when refilling; then train on what is left
 
     def __post_init__(self) -> None:
-        try:
-            resolve_adv_estimator(self.adv_estimator)
-        except ValueError as e:
-            raise ValueError(str(e)) from None
+        resolve_adv_estimator(self.adv_estimator)
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
             raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {self.gamma}, {self.lam}")
         if self.kl_penalty not in KL_TYPES:

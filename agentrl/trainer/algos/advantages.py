@@ -15,7 +15,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentrl.trainer.algos.core import _group_index, broadcast_advantages, grpo_advantages, masked_whiten
+from agentrl.trainer.algos.core import (
+    _group_index,
+    broadcast_advantages,
+    grpo_advantages,
+    masked_whiten,
+    resolve_named,
+)
 
 
 @dataclass(frozen=True)
@@ -220,16 +226,7 @@ def check_adv_estimator(fn, what: str) -> None:
 
 def resolve_adv_estimator(name: str) -> AdvantageEstimator:
     """A name of `ADV_ESTIMATORS` or a `package.module:function` escape hatch (signature checked)."""
-    if name in ADV_ESTIMATORS:
-        return ADV_ESTIMATORS[name]
-    if ":" not in name:
-        raise ValueError(f"algorithm.adv_estimator {name!r} is unknown; choose one of {', '.join(ADV_ESTIMATORS)} "
-                         f"or give a 'package.module:function' taking an AdvantageInputs")
-    from agentrl.config import import_object
-
-    fn = import_object(name, "algorithm.adv_estimator")
-    check_adv_estimator(fn, f"algorithm.adv_estimator ({name})")
-    return fn
+    return resolve_named(ADV_ESTIMATORS, name, "algorithm.adv_estimator", check_adv_estimator, "an AdvantageInputs")
 
 
 __all__ = [

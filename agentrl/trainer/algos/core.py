@@ -9,7 +9,7 @@ float) shaped like the tensor they select from; 1 marks a token sampled by the p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -19,6 +19,25 @@ LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp(): keeps ratios finite
 LOW_VAR_KL_CLAMP = 10.0  # bound on the k3 estimator's value
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 DEFAULT_CHUNK_ELEMENTS = 1 << 25  # logits entries upcast at once by the chunked softmax helpers (128 MiB fp32)
+
+
+# ------------------------------------------------------------------------------------------------- registries
+
+
+def resolve_named(registry: Mapping[str, Callable], name: str, key: str, check: Callable[[Callable, str], None],
+                  takes: str) -> Callable:
+    """`registry[name]`, or a `package.module:function` escape hatch imported and passed through `check`;
+    `key` is the config key for messages, `takes` says what the function must accept."""
+    if name in registry:
+        return registry[name]
+    if ":" not in name:
+        raise ValueError(f"{key} {name!r} is unknown; choose one of {', '.join(registry)} or give a "
+                         f"'package.module:function' taking {takes}")
+    from agentrl.config import import_object
+
+    fn = import_object(name, key)
+    check(fn, f"{key} ({name})")
+    return fn
 
 
 # ---------------------------------------------------------------------------------------------- masked reductions

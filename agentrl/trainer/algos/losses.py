@@ -24,6 +24,7 @@ from agentrl.trainer.algos.core import (
     masked_mean,
     masked_sum,
     policy_loss_vanilla,
+    resolve_named,
 )
 
 GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of GSPO's token log ratio (verl)
@@ -258,16 +259,8 @@ def check_policy_loss(fn, what: str) -> None:
 @functools.cache
 def resolve_policy_loss(name: str) -> PolicyLossFn:
     """A name of `POLICY_LOSSES` or a `package.module:function` escape hatch (signature checked)."""
-    if name in POLICY_LOSSES:
-        return POLICY_LOSSES[name]
-    if ":" not in name:
-        raise ValueError(f"unknown policy loss {name!r}; choose one of {', '.join(POLICY_LOSSES)} or give a "
-                         f"'package.module:function' taking the keyword arguments {', '.join(_COMMON_ARGS)}")
-    from agentrl.config import import_object
-
-    fn = import_object(name, "actor.policy_loss.loss_mode")
-    check_policy_loss(fn, f"actor.policy_loss.loss_mode ({name})")
-    return fn
+    return resolve_named(POLICY_LOSSES, name, "actor.policy_loss.loss_mode", check_policy_loss,
+                         f"the keyword arguments {', '.join(_COMMON_ARGS)}")
 
 
 @functools.cache

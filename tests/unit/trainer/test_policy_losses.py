@@ -177,7 +177,7 @@ def test_objective_passes_each_loss_only_its_own_options():
         loss, m = ppo_objective(t([[-1.0, -1.0]]), t([[-1.0, -1.0]]), t([1.0]), mask, loss_mode=mode,
                                 loss_options=options)
         assert torch.isfinite(loss) and {"pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"} <= set(m), mode
-    with pytest.raises(ValueError, match="unknown policy loss"):
+    with pytest.raises(ValueError, match="loss_mode 'ppo2' is unknown"):
         ppo_objective(t([[-1.0]]), t([[-1.0]]), t([1.0]), torch.ones(1, 1), loss_mode="ppo2")
 
 
