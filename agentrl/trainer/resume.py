@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from agentrl.agent_loop.rollout import EPISODES_FILE
+from agentrl.agent_loop.rollout import EPISODES_FILE, TRAIN_RECORDS_FILE
 from agentrl.config import save_config, to_dict
 from agentrl.errors import UserError
 from agentrl.trainer.checkpoint import (
@@ -132,7 +132,7 @@ def move_aside(path: Path) -> Path:
 
 def rewind_run_dir(run_dir: Path, step: int) -> list[str]:
     """Bring run_dir's records back to the end of `step`; returns what was removed, for the console."""
-    removed = [f"{name} rows after step {step}" for name in (METRICS_FILE, EPISODES_FILE)
+    removed = [f"{name} rows after step {step}" for name in (METRICS_FILE, EPISODES_FILE, TRAIN_RECORDS_FILE)
                if rewind_jsonl(run_dir / name, step)]
     later = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) > step]
     for path in later:
