@@ -126,7 +126,7 @@ def write_train_records(run_dir: str | Path, step: int, episodes: list[Episode],
 
     `advantages_B` [B] and `old_logprobs_B_L` [B, L] are the trainer's, in `episodes` order (the batch layout of
     `agentrl.trainer.batch`: position p of a row is token p of prompt + response). `agentrl view` shows them next
-    to the rollout logprobs; a resumed run appends its re-run steps again and the last line of an episode wins.
+    to the rollout logprobs; a resume rewinds the file with episodes.jsonl (`agentrl.trainer.resume`).
     """
     lines = []
     for i, ep in enumerate(episodes):

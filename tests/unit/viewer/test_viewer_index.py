@@ -108,3 +108,18 @@ def test_first_page_time_is_reported(tmp_path, episodes):
     elapsed, page = first_page_s(tmp_path)
     print(f"first page of a {episodes}-episode run: {elapsed:.3f} s")
     assert len(page["groups"]) == 20
+
+
+def test_eval_directory(tmp_path, qwen2_tokenizer_dir):
+    """An `agentrl eval` output: eval.json names the model whose tokenizer decodes the tokens."""
+    from agentrl.viewer.tokens import tokenizer_dir
+
+    _run(tmp_path)
+    (tmp_path / "eval.json").write_text(json.dumps({"name": "m", "model": str(qwen2_tokenizer_dir),
+                                                    "summary": {"pass@1": 0.5}, "tasks": []}))
+    assert tokenizer_dir(tmp_path) == qwen2_tokenizer_dir
+    with TestClient(create_app(tmp_path)) as client:
+        assert client.get("/api/run").json()["kind"] == "eval"
+        assert client.get("/api/eval").json()["summary"] == {"pass@1": 0.5}
+        tokens = client.get("/api/episode/0").json()["tokens"]
+        assert tokens[3]["text"] != "<10>"  # decoded with the tokenizer, not shown as ids
