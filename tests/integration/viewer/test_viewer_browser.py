@@ -43,6 +43,7 @@ def test_episode_page_colours_exactly_the_policy_tokens(browser, viewer_url, rec
     page.goto(f"{viewer_url}/#/")
     page.wait_for_selector("#groups tr.episode-row")
     assert "groups" in page.inner_text("#summary")
+    page.screenshot(path=str(tmp_path / "viewer-groups.png"), full_page=True)
     target = next(i for i, r in enumerate(rows) if any(c["ok"] for c in r["tool_calls"]))
     page.click(f'#groups tr.episode-row[data-row="{target}"] a')
     page.wait_for_selector("#tokens .tok.policy")
