@@ -10,9 +10,12 @@ logits at p - 1), so position 0 is always a prompt token and never carries loss.
                                   tool observations, template glue and padding
     rollout_logprobs_B_L  float32 engine logprobs on loss tokens, 0 elsewhere
     turn_ids_B_L          int64   assistant-turn index of each loss token, -1 elsewhere
-    advantages_B          float32 one GRPO advantage per trajectory (broadcast over loss tokens in the loss)
-    rewards_B             float32
-    old_logprobs_B_L / ref_logprobs_B_L are added by the loop before the update.
+    advantages_B_L        float32 advantage of each loss token (0 elsewhere); the loop sets it from the estimator
+    rewards_B             float32 the episode's score
+    token_rewards_B_L     float32 optional: per-token rewards (e.g. per turn) on loss tokens, added to the
+                                  score the loop puts on the last loss token
+The loop adds, before the update: old_logprobs_B_L, ref_logprobs_B_L, values_B_L and returns_B_L (critic),
+rollout_is_weights_B_L (rollout correction), all aligned with input_ids like the rest.
 
 Padding strategy ("bucket"): inside a mini-batch, rows are spread over ranks by token count (longest first,
 to the least-loaded rank), each rank sorts its rows by length and cuts them into micro-batches whose padded
@@ -31,11 +34,17 @@ from tensordict import TensorDict
 
 from agentrl.types import Episode
 
-TOKEN_KEYS = ("input_ids", "loss_mask", "rollout_logprobs", "turn_ids", "old_logprobs", "ref_logprobs")
+TOKEN_KEYS = ("input_ids", "loss_mask", "rollout_logprobs", "turn_ids", "old_logprobs", "ref_logprobs", "advantages",
+              "token_rewards", "values", "returns", "rollout_is_weights")
 
 
-def episodes_to_batch(episodes: list[Episode], pad_token_id: int, advantages: list[float] | None = None) -> TensorDict:
-    """Stack `episodes` into the padded layout above (see the module docstring for keys and shapes)."""
+def episodes_to_batch(episodes: list[Episode], pad_token_id: int, advantages: list[float] | None = None, *,
+                      token_rewards: list[list[float]] | None = None) -> TensorDict:
+    """Stack `episodes` into the padded layout above (see the module docstring for keys and shapes).
+
+    `advantages`: one per episode, broadcast over its loss tokens (default 0: the loop sets them later).
+    `token_rewards`: per episode, one reward per response token (len(response_ids)); kept on loss tokens only.
+    """
     if not episodes:
         raise ValueError("episodes_to_batch got no episodes: every episode of the step was filtered out")
     for ep in episodes:
@@ -63,15 +72,31 @@ def episodes_to_batch(episodes: list[Episode], pad_token_id: int, advantages: li
     adv = torch.tensor(advantages if advantages is not None else [0.0] * size, dtype=torch.float32)
     if adv.shape != (size,):
         raise ValueError(f"advantages has {adv.numel()} entries for {size} episodes")
-    return TensorDict({
+    out = {
         "input_ids": input_ids,
         "seq_lens": torch.tensor(lens, dtype=torch.long),
         "loss_mask": loss_mask,
         "rollout_logprobs": rollout_logprobs,
         "turn_ids": turn_ids,
-        "advantages": adv,
+        "advantages": adv[:, None] * loss_mask,
         "rewards": torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
-    }, batch_size=[size])
+    }
+    if token_rewards is not None:
+        out["token_rewards"] = _token_rewards(episodes, token_rewards, loss_mask)
+    return TensorDict(out, batch_size=[size])
+
+
+def _token_rewards(episodes: list[Episode], rewards: list[list[float]], loss_mask: torch.Tensor) -> torch.Tensor:
+    if len(rewards) != len(episodes):
+        raise ValueError(f"token_rewards has {len(rewards)} rows for {len(episodes)} episodes")
+    out = torch.zeros_like(loss_mask)
+    for i, (ep, row) in enumerate(zip(episodes, rewards)):
+        if len(row) != len(ep.response_ids):
+            raise ValueError(f"episode {ep.uid} ({ep.task_id}): {len(row)} token rewards for "
+                             f"{len(ep.response_ids)} response tokens")
+        start = len(ep.prompt_ids)
+        out[i, start:start + len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out * loss_mask
 
 
 def sft_batch(sequences: list[tuple[list[int], list[int]]], pad_token_id: int) -> TensorDict:

@@ -6,7 +6,9 @@ Layout under `run_dir/checkpoints/`:
         COMPLETE            json {step, time}; written last, before the rename
         actor/              sharded model + optimizer (torch.distributed.checkpoint, one file per rank)
         worker_rank{r}.pt   LR scheduler, RNG states and step counters of rank r
-        driver.pt           RL step, data-sampler position, driver RNG states
+        critic/             PPO with a critic: the value model's sharded model + optimizer
+        critic_rank{r}.pt   and its scheduler, RNG states and step counters
+        driver.pt           RL step, data-sampler position, reward-KL controller, driver RNG states
         config.yaml         the resolved training config that wrote it (checked when resuming)
         hf_config/          the model's config and tokenizer files: with actor/ a complete HF model
                             (`agentrl export`), whatever happens to model.path later
@@ -34,6 +36,8 @@ MARKER = "COMPLETE"
 CONFIG_FILE = "config.yaml"
 HF_FILES_DIR = "hf_config"
 SHARDS_DIR = "actor"
+CRITIC_SHARDS_DIR = "critic"
+CRITIC_RANK_FILE = "critic_rank{rank}.pt"
 
 
 class CheckpointError(UserError, FileNotFoundError):
@@ -158,6 +162,8 @@ def load_driver_state(path: Path) -> dict:
 
 __all__ = [
     "CONFIG_FILE",
+    "CRITIC_RANK_FILE",
+    "CRITIC_SHARDS_DIR",
     "HF_FILES_DIR",
     "MARKER",
     "SHARDS_DIR",

@@ -80,16 +80,17 @@ def hf_files_dir(checkpoint: Path) -> Path:
                           f"into {own}")
 
 
-def load_weights(checkpoint: Path) -> dict:
+def load_weights(checkpoint: Path, shards_dir: str | None = None) -> dict:
     """The full (unsharded) model state dict {name: tensor} of a checkpoint, read in this process; the optimizer
-    state beside it is not read."""
+    state beside it is not read. `shards_dir`: the model's folder in the checkpoint (default the policy's
+    `actor/`; the critic's is `critic/`)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from agentrl.trainer.checkpoint import SHARDS_DIR, CheckpointError
 
-    shards = checkpoint / SHARDS_DIR
+    shards = checkpoint / (shards_dir or SHARDS_DIR)
     metadata = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
     weights = {key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
                for key, meta in metadata.items()

@@ -1,10 +1,13 @@
-"""The FSDP2 policy worker (one per rank, a Ray actor) and the group that drives its ranks.
+"""FSDP2 training ranks (one per Ray actor) and the groups that drive them: the policy here, the critic in
+`agentrl.trainer.critic`.
 
-`PolicyWorker` holds one shard of the policy (and of the frozen reference policy when the KL loss is on),
-the AdamW optimizer and the LR schedule. It is deliberately dumb: the driver (`WorkerGroup`) decides which rows
-go to which rank and micro-batch (`agentrl.trainer.batch.plan_micro_batches`) and passes the global token and
-sequence counts of every mini-batch, so every rank runs the same number of forwards (FSDP collectives match)
-and the objective does not depend on how a mini-batch is cut.
+`FSDPWorker` is what every trained model shares: process group and device mesh, a model sharded per decoder
+layer, AdamW with the LR schedule, gradient accumulation over micro-batches with the mini-batch's global counts,
+clip-and-step, sharded checkpoints. `PolicyWorker` adds the policy (and the frozen reference policy when a
+reference KL is needed), log-probabilities and the PPO/SFT losses. A worker is deliberately dumb: the driver
+(`FSDPGroup`) decides which rows go to which rank and micro-batch (`agentrl.trainer.batch.plan_micro_batches`)
+and passes the global token and sequence counts of every mini-batch, so every rank runs the same number of
+forwards (FSDP collectives match) and the objective does not depend on how a mini-batch is cut.
 
 Losses (per micro-batch, summed over micro-batches by gradient accumulation = the mini-batch objective):
     PPO/GRPO   policy_loss_vanilla + kl_loss_coef * agg(kl_penalty) - entropy_coeff * agg(entropy)
@@ -45,16 +48,13 @@ from agentrl.trainer.checkpoint import SHARDS_DIR
 from agentrl.trainer.config import ActorConfig, ModelConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Metrics averaged over loss tokens (weighted by each micro-batch's token count) vs summed objective terms.
-_TOKEN_WEIGHTED = ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "entropy", "kl")
-_SUMMED = ("pg_loss", "kl_loss", "entropy_loss", "sft_loss")
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
     """LR multiplier after `step` scheduler steps: linear warmup, then constant or cosine down to min_lr_ratio.
 
     A function of the step and the planned total only, so a resumed run whose total changed continues on the
-    schedule of the new total (`PolicyWorker.load_checkpoint`)."""
+    schedule of the new total (`FSDPWorker.load_checkpoint`)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -64,14 +64,25 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, 
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-class PolicyWorker:
-    """One FSDP2 rank. Use through `WorkerGroup` (which wraps it as a Ray actor when `use_ray`)."""
+class FSDPWorker:
+    """One FSDP2 rank of a trained model; subclasses build their modules in `_build_models` and add the loss.
 
-    def __init__(self, model: ModelConfig, actor: ActorConfig, *, rank: int = 0, world_size: int = 1,
-                 with_ref: bool = False, total_steps: int = 1, seed: int = 0, deterministic: bool = False):
-        self.model_cfg, self.actor = model, actor
+    `cfg` is the component's training config (`ActorConfig`, `CriticConfig`): the optimizer (lr, betas,
+    weight_decay, grad_clip), the schedule (warmup_steps, lr_schedule, min_lr_ratio) and the rank's resources
+    (num_gpus_per_worker, num_threads_per_worker). Checkpoints go to `<checkpoint>/<SHARDS_DIR>/` (model and
+    optimizer) and `<checkpoint>/<RANK_FILE>` (scheduler, RNG states, step counters).
+    """
+
+    SHARDS_DIR = SHARDS_DIR
+    RANK_FILE = "worker_rank{rank}.pt"
+    # Statistics averaged over loss tokens (weighted by each micro-batch's token count); others are summed terms.
+    TOKEN_WEIGHTED: tuple[str, ...] = ()
+
+    def __init__(self, model: ModelConfig, cfg, *, rank: int = 0, world_size: int = 1, total_steps: int = 1,
+                 seed: int = 0, deterministic: bool = False):
+        self.model_cfg, self.cfg = model, cfg
         self.rank, self.world_size = rank, world_size
-        self.with_ref, self.total_steps, self.seed = with_ref, total_steps, seed
+        self.total_steps, self.seed = total_steps, seed
         self.deterministic = deterministic
         self.skipped_steps = 0
         self.optimizer_steps = 0
@@ -93,12 +104,12 @@ class PolicyWorker:
         from agentrl.trainer.console import quiet_third_party
 
         quiet_third_party()  # a Ray worker is its own process: no weight-loading bars here either
-        threads = self.actor.num_threads_per_worker or (1 if self.world_size > 1 else None)
+        threads = self._threads_per_rank() or (1 if self.world_size > 1 else None)
         if threads:
             torch.set_num_threads(threads)
         if self.deterministic:
             torch.use_deterministic_algorithms(True)
-        use_cuda = self.actor.num_gpus_per_worker > 0 and torch.cuda.is_available()
+        use_cuda = self.cfg.num_gpus_per_worker > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(self.device)
@@ -113,31 +124,42 @@ class PolicyWorker:
                                f"process; actor.world_size is {self.world_size}")
         from torch.distributed.device_mesh import init_device_mesh
 
-        # An explicit mesh: the parameters' device follows actor.num_gpus_per_worker, not whatever is visible.
+        # An explicit mesh: the parameters' device follows num_gpus_per_worker, not whatever is visible.
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         torch.manual_seed(self.seed)
         random.seed(self.seed)
-        self.model = self._load(trainable=True)
-        self.ref = self._load(trainable=False) if self.with_ref else None
-        betas = (self.actor.betas[0], self.actor.betas[1])
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.actor.lr, betas=betas,
-                                           weight_decay=self.actor.weight_decay)
+        self.model = self._build_models()
+        betas = (self.cfg.betas[0], self.cfg.betas[1])
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=betas,
+                                           weight_decay=self.cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._lr_factor(s))
 
-    def _lr_factor(self, step: int) -> float:
-        return lr_factor(step, warmup_steps=self.actor.warmup_steps, total_steps=self.total_steps,
-                         schedule=self.actor.lr_schedule, min_lr_ratio=self.actor.min_lr_ratio)
+    def _build_models(self):
+        """Load and shard this rank's modules; returns the trained one (its parameters get the optimizer)."""
+        raise NotImplementedError
 
-    def _load(self, trainable: bool):
+    def _threads_per_rank(self) -> int | None:
+        """torch intra-op threads of this rank; None: torch's default (1 when there are several ranks)."""
+        return None
+
+    def _lr_factor(self, step: int) -> float:
+        return lr_factor(step, warmup_steps=self.cfg.warmup_steps, total_steps=self.total_steps,
+                         schedule=self.cfg.lr_schedule, min_lr_ratio=self.cfg.min_lr_ratio)
+
+    def _load(self, trainable: bool, auto_class=None, **config_changes):
+        """`auto_class.from_pretrained(model.path)` (default AutoModelForCausalLM), sharded over the mesh;
+        `config_changes` override keys of the model's config.json (e.g. num_labels)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         path = self.model_cfg.path
         if not Path(path).is_dir():
-            raise FileNotFoundError(f"model.path {path!r} is not a directory; point it at an HF model dir "
+            raise FileNotFoundError(f"model path {path!r} is not a directory; point it at an HF model dir "
                                     "(e.g. one written by `agentrl init-model`)")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[self.model_cfg.dtype],
-                                                     attn_implementation=self.model_cfg.attn_implementation)
+        extra = {"config": AutoConfig.from_pretrained(path, **config_changes)} if config_changes else {}
+        model = (auto_class or AutoModelForCausalLM).from_pretrained(
+            path, dtype=_DTYPES[self.model_cfg.dtype], attn_implementation=self.model_cfg.attn_implementation,
+            **extra)
         if trainable and self.model_cfg.gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -158,6 +180,177 @@ class PolicyWorker:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
         return model
+
+    # ----------------------------------------------------------------------------------------------- training
+
+    def _accumulate(self, loss_fn, micro_batches: list[TensorDict], num_tokens: int, num_seqs: int,
+                    temperature: float, sums: dict[str, float]) -> None:
+        """Forward/backward every micro-batch (gradients accumulate) and add its statistics into `sums`."""
+        for mb in micro_batches:
+            loss, stats = loss_fn(mb, num_tokens, num_seqs, temperature)
+            (loss * self.world_size).backward()
+            tokens = float(mb["loss_mask"].sum())
+            for name, value in stats.items():
+                sums[name] += float(value) * (tokens if name in self.TOKEN_WEIGHTED else 1.0)
+
+    def _global_grad_norm(self) -> float:
+        """L2 norm of the full gradient: squares of every local shard summed over ranks. (torch's
+        clip_grad_norm_ over FSDP2 DTensors was measured 5e-5 off the true norm with 2 ranks here.)"""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                total += g.detach().double().square().sum()
+        if self.world_size > 1:
+            dist.all_reduce(total)
+        return float(total.sqrt())
+
+    def _clip_and_step(self) -> float:
+        grad_norm = self._global_grad_norm()
+        if math.isfinite(grad_norm) and grad_norm > self.cfg.grad_clip:
+            scale = self.cfg.grad_clip / (grad_norm + 1e-6)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _reduce(self, sums: dict[str, float]) -> dict[str, float]:
+        import torch.distributed as dist
+
+        names = sorted(sums)
+        if self.world_size > 1 and names:
+            t = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            return dict(zip(names, t.tolist()))
+        return dict(sums)
+
+    def _train(self, loss_fn, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]],
+               temperature: float) -> dict[str, float]:
+        self.model.train()
+        per_step: dict[str, list[float]] = defaultdict(list)
+        skipped_before = self.skipped_steps
+        for micro_batches, (num_tokens, num_seqs) in zip(mini_batches, counts, strict=True):
+            sums: dict[str, float] = defaultdict(float)
+            self.optimizer.zero_grad(set_to_none=True)
+            self._accumulate(loss_fn, micro_batches, num_tokens, num_seqs, temperature, sums)
+            grad_norm = self._clip_and_step()
+            for name, value in self._reduce(sums).items():
+                per_step[name].append(value / max(num_tokens, 1) if name in self.TOKEN_WEIGHTED else value)
+            if math.isfinite(grad_norm):
+                per_step["grad_norm"].append(grad_norm)
+        metrics = {name: sum(v) / len(v) for name, v in per_step.items() if v}
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        metrics["optimizer_steps"] = float(len(mini_batches))
+        metrics["skipped_steps"] = float(self.skipped_steps - skipped_before)
+        return metrics
+
+    # ------------------------------------------------------------------------------------ state in and out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Unsharded CPU state dict (collective: every rank must call); rank 0 returns it, others None."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        if self.device.type == "cpu":  # on CPU the gathered tensors may alias the live parameters: snapshot them
+            sd = {name: tensor.clone() for name, tensor in sd.items()}
+        return sd
+
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded model + optimizer (torch.distributed.checkpoint) and this rank's scheduler and RNG states."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(path) / self.SHARDS_DIR))
+        extra = {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "python_rng": random.getstate(), "skipped_steps": self.skipped_steps,
+                 "optimizer_steps": self.optimizer_steps}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            extra["cuda_rng"] = torch.cuda.get_rng_state()
+        torch.save(extra, Path(path) / self.RANK_FILE.format(rank=self.rank))
+
+    def load_checkpoint(self, path: str) -> None:
+        """Weights, optimizer moments, RNG states and the scheduler position from `path`. The optimizer's
+        hyperparameters and the LR schedule come from this worker's config: the LR of the next step is
+        `lr * lr_factor(steps taken, total_steps of this run)`, so changing `trainer.total_steps` or the lr on
+        resume takes effect from the next step."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_state_dict,
+            set_state_dict,
+        )
+
+        extra_path = Path(path) / self.RANK_FILE.format(rank=self.rank)
+        if not (Path(path) / self.SHARDS_DIR).is_dir():
+            raise FileNotFoundError(f"{path} has no {self.SHARDS_DIR}/: the checkpoint was written without this "
+                                    "model (e.g. by a run without a critic)")
+        if not extra_path.is_file():
+            raise FileNotFoundError(f"{extra_path} is missing: the checkpoint was written with a different "
+                                    f"world_size (this run has {self.world_size})")
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(Path(path) / self.SHARDS_DIR))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(extra_path, weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self._apply_optimizer_config()
+        torch.set_rng_state(extra["torch_rng"])
+        random.setstate(extra["python_rng"])
+        if "cuda_rng" in extra and self.device.type == "cuda":
+            torch.cuda.set_rng_state(extra["cuda_rng"])
+        self.skipped_steps, self.optimizer_steps = extra["skipped_steps"], extra["optimizer_steps"]
+
+    def _apply_optimizer_config(self) -> None:
+        """Hyperparameters from the config (a checkpoint's param groups carry the values it was saved with)."""
+        self.scheduler.base_lrs = [self.cfg.lr for _ in self.optimizer.param_groups]
+        lr = self.cfg.lr * self._lr_factor(self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group.update(lr=lr, initial_lr=self.cfg.lr, betas=tuple(self.cfg.betas),
+                         weight_decay=self.cfg.weight_decay)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class PolicyWorker(FSDPWorker):
+    """One FSDP2 rank of the policy. Use through `WorkerGroup` (which wraps it as a Ray actor when `use_ray`)."""
+
+    TOKEN_WEIGHTED = ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "entropy", "kl")
+
+    def __init__(self, model: ModelConfig, actor: ActorConfig, *, rank: int = 0, world_size: int = 1,
+                 with_ref: bool = False, total_steps: int = 1, seed: int = 0, deterministic: bool = False):
+        super().__init__(model, actor, rank=rank, world_size=world_size, total_steps=total_steps, seed=seed,
+                         deterministic=deterministic)
+        self.with_ref = with_ref
+
+    @property
+    def actor(self) -> ActorConfig:
+        return self.cfg
+
+    def _build_models(self):
+        self.ref = self._load(trainable=False) if self.with_ref else None
+        return self._load(trainable=True)
+
+    def _threads_per_rank(self) -> int | None:
+        return self.cfg.num_threads_per_worker
 
     # ---------------------------------------------------------------------------------------------- forward
 
@@ -208,77 +401,6 @@ class PolicyWorker:
         loss = agg_loss(-logp, mask, "token-mean", num_tokens=num_tokens, num_seqs=num_seqs)
         return loss, {"sft_loss": loss.detach()}
 
-    def _accumulate(self, loss_fn, micro_batches: list[TensorDict], num_tokens: int, num_seqs: int,
-                    temperature: float, sums: dict[str, float]) -> None:
-        """Forward/backward every micro-batch (gradients accumulate) and add its statistics into `sums`."""
-        for mb in micro_batches:
-            loss, stats = loss_fn(mb, num_tokens, num_seqs, temperature)
-            (loss * self.world_size).backward()
-            tokens = float(mb["loss_mask"].sum())
-            for name, value in stats.items():
-                sums[name] += float(value) * (tokens if name in _TOKEN_WEIGHTED else 1.0)
-
-    def _global_grad_norm(self) -> float:
-        """L2 norm of the full gradient: squares of every local shard summed over ranks. (torch's
-        clip_grad_norm_ over FSDP2 DTensors was measured 5e-5 off the true norm with 2 ranks here.)"""
-        import torch.distributed as dist
-        from torch.distributed.tensor import DTensor
-
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for p in self.model.parameters():
-            if p.grad is not None:
-                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                total += g.detach().double().square().sum()
-        if self.world_size > 1:
-            dist.all_reduce(total)
-        return float(total.sqrt())
-
-    def _clip_and_step(self) -> float:
-        grad_norm = self._global_grad_norm()
-        if math.isfinite(grad_norm) and grad_norm > self.actor.grad_clip:
-            scale = self.actor.grad_clip / (grad_norm + 1e-6)
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-            self.optimizer_steps += 1
-        else:
-            self.skipped_steps += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
-
-    def _reduce(self, sums: dict[str, float]) -> dict[str, float]:
-        import torch.distributed as dist
-
-        names = sorted(sums)
-        if self.world_size > 1 and names:
-            t = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=self.device)
-            dist.all_reduce(t)
-            return dict(zip(names, t.tolist()))
-        return dict(sums)
-
-    def _train(self, loss_fn, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]],
-               temperature: float) -> dict[str, float]:
-        self.model.train()
-        per_step: dict[str, list[float]] = defaultdict(list)
-        skipped_before = self.skipped_steps
-        for micro_batches, (num_tokens, num_seqs) in zip(mini_batches, counts, strict=True):
-            sums: dict[str, float] = defaultdict(float)
-            self.optimizer.zero_grad(set_to_none=True)
-            self._accumulate(loss_fn, micro_batches, num_tokens, num_seqs, temperature, sums)
-            grad_norm = self._clip_and_step()
-            for name, value in self._reduce(sums).items():
-                per_step[name].append(value / max(num_tokens, 1) if name in _TOKEN_WEIGHTED else value)
-            if math.isfinite(grad_norm):
-                per_step["grad_norm"].append(grad_norm)
-        metrics = {name: sum(v) / len(v) for name, v in per_step.items() if v}
-        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
-        self.scheduler.step()
-        metrics["optimizer_steps"] = float(len(mini_batches))
-        metrics["skipped_steps"] = float(self.skipped_steps - skipped_before)
-        return metrics
-
     def update_policy(self, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]],
                       temperature: float) -> dict[str, float]:
         """One optimizer step per mini-batch (its micro-batches accumulate); the LR schedule advances once.
@@ -309,79 +431,6 @@ class PolicyWorker:
         self.optimizer.zero_grad(set_to_none=True)
         return grads if self.rank == 0 else None
 
-    # ------------------------------------------------------------------------------------ state in and out
-
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Unsharded CPU state dict (collective: every rank must call); rank 0 returns it, others None."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank != 0:
-            return None
-        if self.device.type == "cpu":  # on CPU the gathered tensors may alias the live parameters: snapshot them
-            sd = {name: tensor.clone() for name, tensor in sd.items()}
-        return sd
-
-    def save_checkpoint(self, path: str) -> None:
-        """Sharded model + optimizer (torch.distributed.checkpoint) and this rank's scheduler and RNG states."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(path) / SHARDS_DIR))
-        extra = {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
-                 "python_rng": random.getstate(), "skipped_steps": self.skipped_steps,
-                 "optimizer_steps": self.optimizer_steps}
-        if torch.cuda.is_available() and self.device.type == "cuda":
-            extra["cuda_rng"] = torch.cuda.get_rng_state()
-        torch.save(extra, Path(path) / f"worker_rank{self.rank}.pt")
-
-    def load_checkpoint(self, path: str) -> None:
-        """Weights, optimizer moments, RNG states and the scheduler position from `path`. The optimizer's
-        hyperparameters and the LR schedule come from this worker's config: the LR of the next step is
-        `actor.lr * lr_factor(steps taken, total_steps of this run)`, so changing `trainer.total_steps` or
-        `actor.lr` on resume takes effect from the next step."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_state_dict,
-            set_state_dict,
-        )
-
-        extra_path = Path(path) / f"worker_rank{self.rank}.pt"
-        if not extra_path.is_file():
-            raise FileNotFoundError(f"{extra_path} is missing: the checkpoint was written with a different "
-                                    f"actor.world_size (this run has {self.world_size})")
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(Path(path) / SHARDS_DIR))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        extra = torch.load(extra_path, weights_only=False)
-        self.scheduler.load_state_dict(extra["scheduler"])
-        self._apply_optimizer_config()
-        torch.set_rng_state(extra["torch_rng"])
-        random.setstate(extra["python_rng"])
-        if "cuda_rng" in extra and self.device.type == "cuda":
-            torch.cuda.set_rng_state(extra["cuda_rng"])
-        self.skipped_steps, self.optimizer_steps = extra["skipped_steps"], extra["optimizer_steps"]
-
-    def _apply_optimizer_config(self) -> None:
-        """Hyperparameters from the config (a checkpoint's param groups carry the values it was saved with)."""
-        self.scheduler.base_lrs = [self.actor.lr for _ in self.optimizer.param_groups]
-        lr = self.actor.lr * self._lr_factor(self.scheduler.last_epoch)
-        for group in self.optimizer.param_groups:
-            group.update(lr=lr, initial_lr=self.actor.lr, betas=tuple(self.actor.betas),
-                         weight_decay=self.actor.weight_decay)
-
-    def shutdown(self) -> None:
-        import torch.distributed as dist
-
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def start_ray(address: str | None = None, num_cpus: int | None = None, *, log_to_driver: bool = True) -> bool:
     """`ray.init` unless Ray is already up; returns True when this call started it (the caller shuts it down).
 
@@ -399,34 +448,36 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, *, log_to
     return True
 
 
-class WorkerGroup:
-    """The driver's handle on the FSDP ranks: plans micro-batches, dispatches, gathers.
+class FSDPGroup:
+    """The driver's handle on the ranks of one trained model: plans micro-batches, dispatches, gathers.
 
-    use_ray=True: one Ray actor per rank (`actor.world_size` of them). use_ray=False: a single in-process rank
-    (world_size must be 1), handy for benchmarks and SFT on one machine.
+    use_ray=True: one Ray actor per rank (`cfg.world_size` of them). use_ray=False: a single in-process rank
+    (world_size must be 1), handy for benchmarks and SFT on one machine. Subclasses name their `worker_cls`.
     """
 
-    def __init__(self, model: ModelConfig, actor: ActorConfig, *, with_ref: bool = False, total_steps: int = 1,
-                 seed: int = 0, deterministic: bool = False, use_ray: bool = True):
+    worker_cls: type[FSDPWorker] = FSDPWorker
+
+    def __init__(self, model: ModelConfig, cfg, *, total_steps: int = 1, seed: int = 0, deterministic: bool = False,
+                 use_ray: bool = True, **worker_kwargs):
         # Ray workers may not share the driver's working directory: hand them absolute paths.
         model = dataclasses.replace(model, path=str(Path(model.path).resolve()))
-        self.model_cfg, self.actor, self.use_ray = model, actor, use_ray
-        self.world_size = actor.world_size
-        kwargs = {"world_size": self.world_size, "with_ref": with_ref, "total_steps": total_steps, "seed": seed,
-                      "deterministic": deterministic}
+        self.model_cfg, self.cfg, self.use_ray = model, cfg, use_ray
+        self.world_size = cfg.world_size
+        kwargs = {"world_size": self.world_size, "total_steps": total_steps, "seed": seed,
+                  "deterministic": deterministic, **worker_kwargs}
         if use_ray:
             import ray
 
             if not ray.is_initialized():
-                raise RuntimeError("WorkerGroup(use_ray=True) needs ray.init() first")
-            remote = ray.remote(PolicyWorker).options(num_cpus=actor.num_cpus_per_worker,
-                                                      num_gpus=actor.num_gpus_per_worker)
-            self.workers = [remote.remote(model, actor, rank=r, **kwargs) for r in range(self.world_size)]
+                raise RuntimeError(f"{type(self).__name__}(use_ray=True) needs ray.init() first")
+            remote = ray.remote(self.worker_cls).options(num_cpus=cfg.num_cpus_per_worker,
+                                                         num_gpus=cfg.num_gpus_per_worker)
+            self.workers = [remote.remote(model, cfg, rank=r, **kwargs) for r in range(self.world_size)]
         else:
             if self.world_size != 1:
-                raise ValueError("WorkerGroup(use_ray=False) runs one in-process rank; set actor.world_size to 1 "
-                                 "or use Ray")
-            self.workers = [PolicyWorker(model, actor, rank=0, **kwargs)]
+                raise ValueError(f"{type(self).__name__}(use_ray=False) runs one in-process rank; set world_size "
+                                 "to 1 or use Ray")
+            self.workers = [self.worker_cls(model, cfg, rank=0, **kwargs)]
         addr, port = self._call_one(0, "node_address")
         self._call("setup", [(addr, port)] * self.world_size)
 
@@ -449,8 +500,53 @@ class WorkerGroup:
 
     def _plan(self, batch: TensorDict, rows: list[int] | None, strategy: str = "bucket") -> MicroBatchPlan:
         return plan_micro_batches(batch["seq_lens"].tolist(), rows, world_size=self.world_size,
-                                  max_tokens=self.actor.max_tokens_per_micro_batch,
-                                  max_rows=self.actor.ppo_micro_batch_size, strategy=strategy)
+                                  max_tokens=self.cfg.max_tokens_per_micro_batch,
+                                  max_rows=self.cfg.ppo_micro_batch_size, strategy=strategy)
+
+    def _dispatch_train(self, method: str, batch: TensorDict, steps: list[list[int]], strategy: str,
+                        *extra) -> dict[str, float]:
+        per_rank: list[list[list[TensorDict]]] = [[] for _ in range(self.world_size)]
+        counts = []
+        for rows in steps:
+            plan = self._plan(batch, rows, strategy)
+            for r, mbs in enumerate(materialize(batch, plan)):
+                per_rank[r].append(mbs)
+            counts.append((int(batch["loss_mask"][torch.tensor(rows)].sum()), len(rows)))
+        results = self._call(method, [(per_rank[r], counts, *extra) for r in range(self.world_size)])
+        return results[0]
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call("full_state_dict")[0]
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        self._call("save_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        self._call("load_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
+
+    def shutdown(self) -> None:
+        self._call("shutdown")
+        if self.use_ray:
+            import ray
+
+            for w in self.workers:
+                ray.kill(w)
+        self.workers = []
+
+
+class WorkerGroup(FSDPGroup):
+    """The policy's ranks (`PolicyWorker`): log-probabilities, PPO and SFT updates, weights for the engines."""
+
+    worker_cls = PolicyWorker
+
+    def __init__(self, model: ModelConfig, actor: ActorConfig, *, with_ref: bool = False, total_steps: int = 1,
+                 seed: int = 0, deterministic: bool = False, use_ray: bool = True):
+        super().__init__(model, actor, total_steps=total_steps, seed=seed, deterministic=deterministic,
+                         use_ray=use_ray, with_ref=with_ref)
+
+    @property
+    def actor(self) -> ActorConfig:
+        return self.cfg
 
     # ------------------------------------------------------------------------------------------- public API
 
@@ -464,18 +560,6 @@ class WorkerGroup:
         logp = scatter_rows([[p[0] for p in rank] for rank in parts], plan, size, width)
         ent = scatter_rows([[p[1] for p in rank] for rank in parts], plan, size, width) if with_entropy else None
         return logp, ent
-
-    def _dispatch_train(self, method: str, batch: TensorDict, steps: list[list[int]], strategy: str,
-                        *extra) -> dict[str, float]:
-        per_rank: list[list[list[TensorDict]]] = [[] for _ in range(self.world_size)]
-        counts = []
-        for rows in steps:
-            plan = self._plan(batch, rows, strategy)
-            for r, mbs in enumerate(materialize(batch, plan)):
-                per_rank[r].append(mbs)
-            counts.append((int(batch["loss_mask"][torch.tensor(rows)].sum()), len(rows)))
-        results = self._call(method, [(per_rank[r], counts, *extra) for r in range(self.world_size)])
-        return results[0]
 
     def update_policy(self, batch: TensorDict, *, temperature: float, mini_batch_size: int, epochs: int = 1,
                       shuffle: bool = True, seed: int = 0, strategy: str = "bucket") -> dict[str, float]:
@@ -498,23 +582,5 @@ class WorkerGroup:
         results = self._call("gradients", [(mbs, *counts, temperature) for mbs in materialize(batch, plan)])
         return results[0]
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._call("full_state_dict")[0]
 
-    def save_checkpoint(self, path: str | Path) -> None:
-        self._call("save_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
-
-    def load_checkpoint(self, path: str | Path) -> None:
-        self._call("load_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
-
-    def shutdown(self) -> None:
-        self._call("shutdown")
-        if self.use_ray:
-            import ray
-
-            for w in self.workers:
-                ray.kill(w)
-        self.workers = []
-
-
-__all__ = ["PolicyWorker", "WorkerGroup", "lr_factor", "start_ray"]
+__all__ = ["FSDPGroup", "FSDPWorker", "PolicyWorker", "WorkerGroup", "lr_factor", "start_ray"]

@@ -42,7 +42,18 @@ def test_episodes_to_batch_aligns_response_tokens_after_the_prompt():
     assert batch["input_ids"][0].tolist() == eps[0].prompt_ids + eps[0].response_ids
     assert batch["rollout_logprobs"][0].tolist() == [0, 0, 0, -0.5, 0, 0, -0.5]
     assert batch["turn_ids"][0].tolist() == [-1, -1, -1, 0, -1, -1, 0]
-    assert batch["advantages"].tolist() == [1.5, -1.0]
+    # One advantage per episode, spread over its loss tokens only.
+    assert batch["advantages"][0].tolist() == [0, 0, 0, 1.5, 0, 0, 1.5]
+    assert batch["advantages"][1].tolist() == [0, 0, -1.0, -1.0, 0, 0, 0]
+
+
+def test_token_rewards_are_kept_on_loss_tokens_only():
+    eps = [make_episode(3, 4, mask=[1, 0, 0, 1]), make_episode(2, 2)]
+    batch = episodes_to_batch(eps, pad_token_id=0, token_rewards=[[0.5, 9.0, 9.0, 1.0], [0.0, 2.0]])
+    assert batch["token_rewards"][0].tolist() == [0, 0, 0, 0.5, 0, 0, 1.0]
+    assert batch["token_rewards"][1].tolist() == [0, 0, 0, 2.0, 0, 0, 0]
+    with pytest.raises(ValueError, match="3 token rewards for 4 response tokens"):
+        episodes_to_batch(eps, pad_token_id=0, token_rewards=[[0.0] * 3, [0.0, 0.0]])
 
 
 def test_infra_failed_episodes_are_refused():

@@ -49,7 +49,7 @@ def batch(group):
 
 def with_budget(group, **changes):
     """Change actor knobs for the driver's planning and the in-process rank's loss."""
-    group.actor = group.workers[0].actor = dataclasses.replace(group.actor, **changes)
+    group.cfg = group.workers[0].cfg = dataclasses.replace(group.cfg, **changes)
 
 
 def test_logprobs_do_not_depend_on_padding_or_micro_batching(group, batch):
