@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from sandbox import seccomp
-from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_frame, read_frame, runner_payload
+from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_request, read_frame, runner_payload
 from sandbox.backends.session_proc import SessionProc
 from sandbox.cgroups import Cgroup, CgroupError, CgroupPool, detect_version
 from sandbox.config import SandboxConfig
@@ -340,7 +340,7 @@ class BwrapBackend:
         marker = f"\x00agentrl-run-end:{payload['nonce']}\x00".encode()
         drains = [asyncio.create_task(drain(proc.stdout, out, cfg.output_kill_bytes, over_limit, marker)),
                   asyncio.create_task(drain(proc.stderr, err, cfg.output_kill_bytes, over_limit, marker))]
-        feeder = asyncio.create_task(self._feed(proc, encode_frame(payload) + req.stdin))
+        feeder = asyncio.create_task(self._feed(proc, encode_request(payload) + req.stdin))
         started = time.monotonic()
         result = compiled = None
         try:

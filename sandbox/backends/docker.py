@@ -22,7 +22,7 @@ import socket
 import struct
 import time
 
-from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_frame, runner_payload
+from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_request, runner_payload
 from sandbox.backends.bwrap import RUNNER_SRC, WORKDIR, sandbox_env
 from sandbox.config import SandboxConfig
 from sandbox.output import HeadTail
@@ -134,7 +134,7 @@ class DockerBackend:
                                   stdin=True, stdout=True, stderr=True, workdir=WORKDIR, user="65534:65534")
         sock = api.exec_start(exec_id, socket=True)
         raw: socket.socket = getattr(sock, "_sock", sock)
-        data = encode_frame(payload) + req.stdin
+        data = encode_request(payload) + req.stdin
         out, err = HeadTail(self.cfg.max_output_bytes), HeadTail(self.cfg.max_output_bytes)
         reason = None
         deadline = time.monotonic() + req.run_timeout + 0.5 + (req.compile_timeout + 2 if "compile" in payload else 0)

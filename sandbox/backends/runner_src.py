@@ -2,13 +2,13 @@
 
 Started ahead of time as part of a warm sandbox, it forks the program's process at once (so no fork is on the
 request's path) and reports `ready`. The program process waits for one request frame on stdin (4-byte big-endian
-length + JSON; the bytes after it are the program's stdin), writes the request's files and the program's source
+length + marshal, written by the host; the bytes after it are the program's stdin), writes the request's files and the program's source
 (`main.py`, `main.cpp`, ... in the work dir, as SandboxFusion runs a script file), tells this supervisor what to
-collect afterwards (length-prefixed frames on the `meta` pipe), and runs the code: Python as a script in the
-already started interpreter, through CPython's own PyRun_SimpleFileExFlags and Py_Exit (which is why a warm
-sandbox answers faster than a fresh `python3`, with the same semantics), C and C++ by compiling then exec, other
+collect afterwards (length-prefixed marshal frames on the `meta` pipe), and runs the code: Python as a script in
+the already started interpreter, as `python main.py` runs it, ending through CPython's own SystemExit handling
+and shutdown (which is why a warm sandbox answers faster than a fresh `python3`, with the same semantics), C and C++ by compiling then exec, other
 languages by exec. The supervisor waits for it, writes an end marker on stdout/stderr, reads `fetch_files`
-without following symlinks, and writes the result frames to RESULT_FD (`compile` after a compile step, then the
+without following symlinks, and writes the result frames (JSON) to RESULT_FD (`compile` after a compile step, then the
 final one). The host enforces time and memory from outside; the program only gets the second layer of rlimits.
 """
 
@@ -47,11 +47,11 @@ def _open_beneath(path, flags, mode=0o644, create_dirs=False):
 
 
 def _write_files(files):
-    import base64
+    import binascii  # base64's C core: `import base64` costs milliseconds per sandbox
 
     for path, b64 in files.items():
         fd = _open_beneath(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, create_dirs=True)
-        data = base64.b64decode(b64)
+        data = binascii.a2b_base64(b64)
         try:
             while data:
                 data = data[os.write(fd, data):]
@@ -60,7 +60,7 @@ def _write_files(files):
 
 
 def _fetch_files(paths, limit):
-    import base64
+    import binascii
     import errno
 
     files, errors, total = {}, {}, 0
@@ -89,7 +89,7 @@ def _fetch_files(paths, limit):
                     break
                 chunks.append(chunk)
             if chunks is not None:
-                files[path] = base64.b64encode(b"".join(chunks)).decode()
+                files[path] = binascii.b2a_base64(b"".join(chunks), newline=False).decode()
         finally:
             os.close(fd)
     return files, errors
@@ -101,7 +101,6 @@ def _run_python(path, argv, meta_w):
     process, where CPython itself reports it and shuts the interpreter down (threads joined, atexit handlers,
     open files flushed by their finalisers, stdio flushed), with no runner frame left active. Never returns."""
     import builtins
-    import ctypes
     import types
 
     main = types.ModuleType("__main__")
@@ -110,27 +109,24 @@ def _run_python(path, argv, meta_w):
     sys.argv = [path, *argv]
     sys.orig_argv = [sys.orig_argv[0] if sys.orig_argv else sys.executable, path, *argv]
     sys.path.insert(0, os.path.dirname(path))  # the script's directory, as for `python path`
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.fopen.restype = ctypes.c_void_p
-    libc.fopen.argtypes = (ctypes.c_char_p, ctypes.c_char_p)
-    run_file = ctypes.pythonapi.PyRun_FileExFlags
-    run_file.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object,
-                         ctypes.c_int, ctypes.c_void_p)
-    run_file.restype = ctypes.py_object
-    fp = libc.fopen(os.fsencode(path), b"rb")
-    if not fp:
-        raise OSError(ctypes.get_errno(), "cannot open the script", path)
     d = main.__dict__
     d["__file__"], d["__cached__"] = path, None
     d["__loader__"] = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", path)
     try:
-        run_file(fp, os.fsencode(path), 257, d, d, 1, None)  # 257: Py_file_input; the parser closes fp
+        with open(path, "rb") as f:
+            source = f.read()
+        if b"\0" in source:  # only the file tokenizer words this error as a script run shows it
+            _run_file_parser(path, d)
+        else:  # the file's bytes, so the parser decodes them as it decodes a script (PEP 263 cookie, BOM)
+            exec(compile(source, path, "exec", dont_inherit=True), d)
     except SystemExit:
         _flush_io()
         raise  # reported by CPython at the top, as `python path` reports it (__file__ stays set, as there)
     except BaseException as e:  # noqa: BLE001 - the program's uncaught exception, printed as CPython prints it
         _flush_io()
-        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # drop this frame: user frames only
+        tb = e.__traceback__  # drop the runner's frames at its head: the user's frames only, as CPython shows them
+        while tb is not None and tb.tb_frame.f_code in (_run_python.__code__, _run_file_parser.__code__):
+            tb = tb.tb_next
         e.__traceback__ = tb  # what the hook prints (the chained exceptions' tracebacks never held this frame)
         sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
         try:
@@ -145,13 +141,31 @@ def _run_python(path, argv, meta_w):
         if sys.last_type is KeyboardInterrupt:
             # CPython then ends by SIGINT after its shutdown; no Python runs after that, so the supervisor is
             # told to report this exit (code 130) as death by SIGINT, as the shell would see it.
-            _frame(meta_w, {"sigint": True})
+            _mframe(meta_w, {"sigint": True})
             status = 130
         _forget_file(d)
         raise SystemExit(status) from None
     _flush_io()
     _forget_file(d)
     raise SystemExit(0)
+
+
+def _run_file_parser(path, d):
+    """Parse and run `path` with CPython's own file entry point, PyRun_FileExFlags (ctypes, imported only here:
+    it costs milliseconds); an exception it raises comes back as a Python exception."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = (ctypes.c_char_p, ctypes.c_char_p)
+    run_file = ctypes.pythonapi.PyRun_FileExFlags
+    run_file.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object,
+                         ctypes.c_int, ctypes.c_void_p)
+    run_file.restype = ctypes.py_object
+    fp = libc.fopen(os.fsencode(path), b"rb")
+    if not fp:
+        raise OSError(ctypes.get_errno(), "cannot open the script", path)
+    run_file(fp, os.fsencode(path), 257, d, d, 1, None)  # 257: Py_file_input; closeit=1: the parser closes fp
 
 
 def _flush_io():
@@ -237,7 +251,7 @@ def _child(req, path, meta_w):
         _set_rlimits(limits, cpu=False)  # the compiler sets its own CPU limit (spec["cpu"])
         result = _compile(spec, path)
         ok = result["status"] == "Finished" and result["return_code"] == 0
-        _frame(meta_w, {"compile": result, "start": time.monotonic(), "run": ok})
+        _mframe(meta_w, {"compile": result, "start": time.monotonic(), "run": ok})
         if not ok:
             os._exit(0)
         _set_rlimits(limits)
@@ -251,18 +265,19 @@ def _child(req, path, meta_w):
 
 def _read_meta(fd):
     """One frame the program process sent on the meta pipe; None if it ended (or died) first."""
-    import json
+    import marshal
 
     try:
-        return json.loads(_read_exact(fd, int.from_bytes(_read_exact(fd, 4), "big")))
-    except (EOFError, OSError, ValueError):
+        frame = marshal.loads(_read_exact(fd, int.from_bytes(_read_exact(fd, 4), "big")))
+    except (EOFError, OSError, ValueError, TypeError):
         return None
+    return frame if isinstance(frame, dict) else None
 
 
 def _trailing_meta(fd):
     """Frames left on the meta pipe after the program exited, read without blocking (a daemonised child of
     the program may still hold the pipe open)."""
-    import json
+    import marshal
 
     os.set_blocking(fd, False)
     data = b""
@@ -280,9 +295,11 @@ def _trailing_meta(fd):
         if len(data) < 4 + size:
             break
         try:
-            frames.append(json.loads(data[4:4 + size]))
-        except ValueError:
+            frame = marshal.loads(data[4:4 + size])
+        except (ValueError, TypeError, EOFError):
             break
+        if isinstance(frame, dict):
+            frames.append(frame)
         data = data[4 + size:]
     return frames
 
@@ -292,10 +309,10 @@ def main():
 
     _add_site_packages()
     _site_builtins()
-    # Imported before `ready`, so not on the request's path.
-    import base64  # noqa: F401
-    import ctypes  # noqa: F401
-    import json  # noqa: F401
+    # Imported before `ready`, so not on the request's path. Every sandbox serves one request, so what it
+    # imports is paid per request: no json, base64 or ctypes here (each costs milliseconds, `re` above all).
+    import binascii  # noqa: F401
+    import marshal  # noqa: F401
     import resource  # noqa: F401
     import types  # noqa: F401
 
@@ -362,13 +379,13 @@ def main():
 
 def _program(meta_w):
     """The forked program process: read the request, report what the supervisor needs, then run the code."""
-    import json
+    import marshal
     import time
 
     try:
         size = int.from_bytes(_read_exact(0, 4), "big")
-        req = json.loads(_read_exact(0, size))
-    except (EOFError, ValueError):
+        req = marshal.loads(_read_exact(0, size))  # written by the host (trusted), before the code ran
+    except (EOFError, ValueError, TypeError):
         os._exit(3)
     meta = {"start": time.monotonic(), "nonce": req.get("nonce", ""), "fetch_files": req.get("fetch_files") or [],
             "fetch_limit": req["fetch_limit"], "compiled": bool(req.get("compile"))}
@@ -384,7 +401,7 @@ def _program(meta_w):
             os.close(fd)
     except (OSError, ValueError) as e:
         meta["setup_error"] = f"could not write files: {e}"
-    _frame(meta_w, meta)
+    _mframe(meta_w, meta)
     if "setup_error" in meta:
         os._exit(0)
     try:
