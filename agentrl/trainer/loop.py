@@ -1,16 +1,25 @@
-"""The GRPO loop for tool-using agents, top to bottom.
+"""The RL loop for tool-using agents (GRPO and the rest of the PPO family), top to bottom.
 
     for step in 1..total_steps:
         tasks    = sampler.next()                                  (data.train_batch_size prompts)
         episodes = rollout.generate(tasks)                         (rollout.n per prompt, rewards filled in)
         drop infra-failed episodes                                 (counted, never trained as reward 0)
         [drop zero-variance groups, refill from new tasks]         (algorithm.filter_zero_variance_groups)
-        advantages = grpo_advantages(rewards, uids)
+        scores = rewards [+ overlong penalty]                      (reward.overlong_buffer, DAPO)
         batch = episodes_to_batch(...)
-        old_logprobs = policy(batch)      ref_logprobs = reference(batch)     (training weights, rollout T)
-        actor metrics = update_policy(batch)                       (epochs x mini-batches x micro-batches)
+        old_logprobs = policy(batch)                               (training weights, rollout T; bypass_mode:
+                                                                    the rollout logprobs, no recompute)
+        [ref_logprobs = reference(batch)]                          (actor.use_kl_loss or algorithm.use_kl_in_reward)
+        token_rewards = score on the last policy token [+ per-token rewards in the batch]
+        [token_rewards -= beta * kl(old, ref)]                     (algorithm.use_kl_in_reward, kl_ctrl)
+        [values = critic(batch)]                                   (critic.enable: gae)
+        advantages, returns = estimator(token_rewards, mask, uids, values)   (algorithm.adv_estimator)
+        [is_weights = pi_old / pi_rollout]                         (algorithm.rollout_correction)
+        [truncated responses out of the loss]                      (algorithm.mask_truncated)
+        [critic metrics = update_critic(batch)]                    (critic.ppo_epochs x mini x micro-batches)
+        actor metrics = update_policy(batch)                       (actor.ppo_epochs x mini x micro-batches)
         sync weights -> engine                                     (state dict / update_weights_from_disk)
-        log metrics; validate every test_freq; checkpoint every save_freq
+        log metrics; validate every test_freq; checkpoint every save_freq (policy, critic, kl_ctrl, sampler)
     final_model/ (HF model dir), COMPLETE
 
 How a run starts in its run_dir (fresh, resumed from a checkpoint, or already complete) and what a resume does
@@ -31,7 +40,17 @@ from pathlib import Path
 import torch
 
 from agentrl.config import save_config, to_dict
-from agentrl.trainer.algos import grpo_advantages
+from agentrl.trainer.algos import (
+    AdvantageInputs,
+    apply_kl_in_reward,
+    make_kl_controller,
+    masked_mean,
+    overlong_penalty,
+    resolve_adv_estimator,
+    rollout_is_weights,
+    rollout_rejection_mask,
+    token_level_rewards,
+)
 from agentrl.trainer.batch import episodes_to_batch
 from agentrl.trainer.checkpoint import (
     begin_checkpoint,
@@ -48,6 +67,8 @@ from agentrl.trainer.metrics import (
     advantage_metrics,
     drift_metrics,
     episode_metrics,
+    timed,
+    value_metrics,
 )
 from agentrl.trainer.resume import FINAL_MODEL_DIR, mark_complete, plan_start, prepare_run_dir
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
@@ -124,7 +145,8 @@ async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
         stats["data/infra_failed"] += sum(ep.infra_error for ep in episodes)
         for group in group_by_uid([ep for ep in episodes if not ep.infra_error]).values():
             if not has_signal(group):
-                stats["data/zero_var_groups"] += 1
+                if len(group) > 1:  # a lone episode (rollout.n 1, e.g. PPO with a critic) is no zero-variance group
+                    stats["data/zero_var_groups"] += 1
                 if cfg.algorithm.filter_zero_variance_groups:
                     continue
             kept.append(group)
@@ -138,66 +160,161 @@ async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
     return [ep for group in kept for ep in group], dict(stats), all_episodes
 
 
-async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, engine, pad_token_id: int) -> dict:
-    """One RL step; returns its metrics."""
+async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, engine, pad_token_id: int,
+                     critic=None, kl_ctrl=None) -> dict:
+    """One RL step; returns its metrics. `critic`: the value model's group when `critic.enable`; `kl_ctrl`: the
+    reward-side KL coefficient when `algorithm.use_kl_in_reward`."""
     from agentrl.agent_loop.rollout import rollout_metrics
 
+    alg = cfg.algorithm
     t_step = time.perf_counter()
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy logprobs are T=1
     timing: dict[str, float] = {}
 
-    t0 = time.perf_counter()
-    episodes, data_stats, generated = await collect_episodes(rollout, sampler, cfg, step)
-    timing["timing/rollout_s"] = time.perf_counter() - t0
+    with timed("timing/rollout_s", timing):
+        episodes, data_stats, generated = await collect_episodes(rollout, sampler, cfg, step)
     metrics = {**data_stats, **rollout_metrics(generated), **episode_metrics(episodes)}
     if not episodes:  # nothing trainable this step (all infra failures or all zero-variance): skip the update
         metrics["data/skipped_update"] = 1.0
         timing["timing/step_s"] = time.perf_counter() - t_step
         return {**metrics, **timing}
 
-    t0 = time.perf_counter()
-    rewards_B = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
-    adv_B = grpo_advantages(rewards_B, [ep.uid for ep in episodes], norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo)
-    batch = episodes_to_batch(episodes, pad_token_id, adv_B.tolist())
-    metrics.update(advantage_metrics(adv_B))
-    timing["timing/batch_s"] = time.perf_counter() - t0
+    with timed("timing/batch_s", timing):
+        scores_B, score_stats = episode_scores(episodes, cfg)
+        batch = episodes_to_batch(episodes, pad_token_id)
+    metrics.update(score_stats)
 
-    t0 = time.perf_counter()
-    batch["old_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature)
-    timing["timing/old_logprob_s"] = time.perf_counter() - t0
-    if cfg.actor.use_kl_loss:
-        t0 = time.perf_counter()
-        batch["ref_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature, ref=True)
-        timing["timing/ref_logprob_s"] = time.perf_counter() - t0
-    metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"], batch["loss_mask"],
-                                 batch["turn_ids"], max_turns=cfg.agent.max_assistant_turns))
+    # pi_old: recomputed with the training weights, or (bypass mode) the rollout's own logprobs.
+    if alg.rollout_correction.bypass_mode:
+        batch["old_logprobs"] = batch["rollout_logprobs"].clone()
+    else:
+        with timed("timing/old_logprob_s", timing):
+            batch["old_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature)
+        metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"], batch["loss_mask"],
+                                     batch["turn_ids"], max_turns=cfg.agent.max_assistant_turns))
+    if needs_reference(cfg):
+        with timed("timing/ref_logprob_s", timing):
+            batch["ref_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature, ref=True)
+
+    # rewards -> [KL in reward] -> [values] -> advantages
+    mask = batch["loss_mask"]
+    token_rewards = token_level_rewards(scores_B, mask)
+    if "token_rewards" in batch.keys():  # per-token (e.g. per-turn) rewards, on top of the outcome score
+        token_rewards = token_rewards + batch["token_rewards"]
+    if alg.use_kl_in_reward:
+        token_rewards, kl_stats = apply_kl_in_reward(token_rewards, batch["old_logprobs"], batch["ref_logprobs"],
+                                                     mask, kl_ctrl.value, alg.kl_penalty)
+        kl_ctrl.update(kl_stats["actor/reward_kl_penalty"], n_steps=len(episodes))
+        metrics.update(kl_stats)
+    if critic is not None:
+        with timed("timing/values_s", timing):
+            batch["values"] = critic.compute_values(batch)
+    adv, returns = resolve_adv_estimator(alg.adv_estimator)(AdvantageInputs(
+        token_rewards_B_T=token_rewards, mask_B_T=mask, group_ids=[ep.uid for ep in episodes],
+        values_B_T=batch["values"] if critic is not None else None, gamma=alg.gamma, lam=alg.lam,
+        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo))
+    batch["advantages"] = adv.float() * mask
+    if returns is not None:
+        batch["returns"] = returns.float() * mask
+    metrics.update(advantage_metrics(batch["advantages"], mask))
+    train_critic = critic is not None and returns is not None  # a critic learns from the estimator's returns
+    if train_critic:
+        metrics.update(value_metrics(batch["values"], batch["returns"], mask))
     if cfg.rollout.dump_episodes:  # advantages and trainer logprobs per token, for `agentrl view`
         from agentrl.agent_loop.rollout import write_train_records
 
-        write_train_records(cfg.trainer.run_dir, step, episodes, adv_B, batch["old_logprobs"])
+        write_train_records(cfg.trainer.run_dir, step, episodes, masked_mean(batch["advantages"], mask, dim=1),
+                            batch["old_logprobs"])
 
-    t0 = time.perf_counter()
-    actor = workers.update_policy(batch, temperature=temperature,
-                                  mini_batch_size=cfg.actor.ppo_mini_batch_size * cfg.rollout.n,
-                                  epochs=cfg.actor.ppo_epochs, shuffle=cfg.actor.shuffle,
-                                  seed=cfg.trainer.seed * 1_000_003 + step)
-    timing["timing/update_s"] = time.perf_counter() - t0
+    metrics.update(rollout_correction(batch, alg.rollout_correction))
+    metrics.update(mask_truncated(batch, episodes, enabled=alg.mask_truncated))
+    if not bool(batch["loss_mask"].any()):  # every trajectory was left out of the loss
+        metrics["data/skipped_update"] = 1.0
+        timing["timing/step_s"] = time.perf_counter() - t_step
+        return {**metrics, **timing}
+
+    # update critic -> update actor -> sync
+    update_seed = cfg.trainer.seed * 1_000_003 + step
+    if train_critic:
+        with timed("timing/critic_update_s", timing):
+            values_out = critic.update_critic(batch, mini_batch_size=cfg.critic.ppo_mini_batch_size * cfg.rollout.n,
+                                              epochs=cfg.critic.ppo_epochs, shuffle=cfg.critic.shuffle,
+                                              seed=update_seed)
+        metrics.update({f"critic/{k}": v for k, v in values_out.items()})
+    with timed("timing/update_s", timing):
+        actor = workers.update_policy(batch, temperature=temperature,
+                                      mini_batch_size=cfg.actor.ppo_mini_batch_size * cfg.rollout.n,
+                                      epochs=cfg.actor.ppo_epochs, shuffle=cfg.actor.shuffle, seed=update_seed)
     metrics.update({f"actor/{k}": v for k, v in actor.items()})
 
-    t0 = time.perf_counter()
-    metrics.update(await sync_weights(workers.full_state_dict(), engine, backend=cfg.engine.backend,
-                                      model_path=cfg.model.path, run_dir=cfg.trainer.run_dir, step=step))
-    timing["timing/sync_s"] = time.perf_counter() - t0
+    with timed("timing/sync_s", timing):
+        metrics.update(await sync_weights(workers.full_state_dict(), engine, backend=cfg.engine.backend,
+                                          model_path=cfg.model.path, run_dir=cfg.trainer.run_dir, step=step))
 
     tokens = int(batch["seq_lens"].sum())
     timing["timing/step_s"] = time.perf_counter() - t_step
-    trainer_s = sum(timing.get(k, 0.0) for k in ("timing/old_logprob_s", "timing/ref_logprob_s", "timing/update_s"))
+    trainer_s = sum(timing.get(k, 0.0) for k in TRAINER_TIMINGS)
     timing["timing/driver_overhead_frac"] = (timing["timing/step_s"] - timing["timing/rollout_s"] - trainer_s) / \
         timing["timing/step_s"]
     timing["perf/update_tokens_per_s"] = tokens * cfg.actor.ppo_epochs / max(timing["timing/update_s"], 1e-9)
+    if train_critic:
+        timing["perf/critic_update_tokens_per_s"] = tokens * cfg.critic.ppo_epochs / max(
+            timing["timing/critic_update_s"], 1e-9)
     timing["perf/rollout_model_tokens_per_s"] = float(batch["loss_mask"].sum()) / max(timing["timing/rollout_s"], 1e-9)
     timing["perf/batch_tokens"] = float(tokens)
     return {**metrics, **timing}
+
+
+TRAINER_TIMINGS = ("timing/old_logprob_s", "timing/ref_logprob_s", "timing/values_s", "timing/critic_update_s",
+                   "timing/update_s")
+TRUNCATED = "length"  # Episode.finish_reason of a response cut by a length budget
+
+
+def needs_reference(cfg: TrainConfig) -> bool:
+    """The frozen reference policy is loaded for the loss-side KL and for the reward-side KL."""
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def episode_scores(episodes: list[Episode], cfg: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """[B] outcome scores: each episode's reward, plus DAPO's overlong penalty when `reward.overlong_buffer` is on
+    (L = the episode's response tokens, budget `agent.max_response_tokens`)."""
+    scores_B = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
+    buffer = cfg.reward.overlong_buffer
+    if not buffer.enable:
+        return scores_B, {}
+    penalty_B = overlong_penalty([len(ep.response_ids) for ep in episodes], cfg.agent.max_response_tokens,
+                                 buffer.len, buffer.penalty_factor)
+    return scores_B + penalty_B, {"reward/overlong_penalty_mean": float(penalty_B.mean()),
+                                  "reward/overlong_frac": float((penalty_B < 0).float().mean())}
+
+
+def rollout_correction(batch, corr) -> dict[str, float]:
+    """`algorithm.rollout_correction` from log(pi_old / pi_rollout): importance weights for the policy-gradient
+    token losses (`rollout_is_weights` in the batch) and/or rejected tokens or trajectories taken out of the loss
+    mask. In bypass mode pi_old is pi_rollout, so there is nothing to correct."""
+    out: dict[str, float] = {}
+    log_ratio = batch["old_logprobs"] - batch["rollout_logprobs"]
+    if corr.level is not None:
+        batch["rollout_is_weights"], stats = rollout_is_weights(log_ratio, batch["loss_mask"], corr.level,
+                                                                corr.is_threshold, mode=corr.mode)
+        out.update(stats)
+    if corr.rejection.level is not None:
+        kept, stats = rollout_rejection_mask(log_ratio, batch["loss_mask"], corr.rejection.level,
+                                             corr.rejection.lower, corr.rejection.upper)
+        batch["loss_mask"] = kept
+        out.update(stats)
+    return out
+
+
+def mask_truncated(batch, episodes: list[Episode], *, enabled: bool) -> dict[str, float]:
+    """Count responses cut by a length budget; with `enabled` (algorithm.mask_truncated) leave them out of the
+    loss by zeroing their loss mask (they still took part in the advantages of their group)."""
+    truncated_B = torch.tensor([ep.finish_reason == TRUNCATED for ep in episodes])
+    out = {"data/truncated_frac": float(truncated_B.float().mean())}
+    if enabled:
+        batch["loss_mask"] = batch["loss_mask"] * (~truncated_B)[:, None].to(batch["loss_mask"].dtype)
+        out["data/masked_truncated"] = float(truncated_B.sum())
+    return out
 
 
 async def validate(val_rollout, tasks: list[Task], step: int) -> dict[str, float]:
@@ -208,11 +325,18 @@ async def validate(val_rollout, tasks: list[Task], step: int) -> dict[str, float
             "val/episodes": float(len(episodes)), "timing/val_s": time.perf_counter() - t0}
 
 
-def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int) -> Path:
-    """Sharded weights and optimizer, driver state, the config and the model's HF files (layout: checkpoint.py)."""
+def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, *, critic=None,
+                    kl_ctrl=None) -> Path:
+    """Sharded weights and optimizer (policy, and critic when there is one), driver state (step, sampler,
+    reward-KL coefficient), the config and the model's HF files (layout: checkpoint.py)."""
     tmp = begin_checkpoint(cfg.trainer.run_dir, step)
     workers.save_checkpoint(tmp)
-    save_driver_state(tmp, {"step": step, "sampler": sampler.state_dict()})
+    if critic is not None:
+        critic.save_checkpoint(tmp)
+    driver = {"step": step, "sampler": sampler.state_dict()}
+    if kl_ctrl is not None:
+        driver["kl_ctrl"] = kl_ctrl.state_dict()
+    save_driver_state(tmp, driver)
     save_config(cfg, tmp)
     save_hf_files(tmp, cfg.model.path, cfg.model.tokenizer_path)
     final = commit_checkpoint(tmp, step)
@@ -235,7 +359,8 @@ def _header(cfg: TrainConfig, num_tasks: int) -> str:
         "run dir": cfg.trainer.run_dir, "model": cfg.model.path,
         "tasks": f"{num_tasks} ({', '.join(cfg.data.train_files)})", "steps": cfg.trainer.total_steps,
         "batch": f"{cfg.data.train_batch_size} prompts x {cfg.rollout.n} episodes",
-        "engine": cfg.engine.backend, "world size": cfg.actor.world_size})
+        "engine": cfg.engine.backend, "world size": cfg.actor.world_size,
+        "algorithm": cfg.algorithm.adv_estimator + (" + critic" if cfg.critic.enable else "")})
 
 
 async def run(cfg: TrainConfig) -> dict[str, float]:
@@ -246,6 +371,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
     from agentrl.agent_loop.rollout import RolloutManager
     from agentrl.inference import make_engine
     from agentrl.tools.client import ToolRegistry
+    from agentrl.trainer.critic import CriticGroup, critic_model
     from agentrl.trainer.worker import WorkerGroup, start_ray
 
     quiet_third_party()
@@ -265,10 +391,17 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         print(note, flush=True)
 
     started_ray = start_ray(cfg.trainer.ray_address, cfg.trainer.ray_num_cpus)
-    workers = engine = tools = logger = None
+    workers = critic = engine = tools = logger = None
+    kl = cfg.algorithm.kl_ctrl
+    kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if cfg.algorithm.use_kl_in_reward \
+        else None
     try:
-        workers = WorkerGroup(cfg.model, cfg.actor, with_ref=cfg.actor.use_kl_loss, total_steps=cfg.trainer.total_steps,
+        workers = WorkerGroup(cfg.model, cfg.actor, with_ref=needs_reference(cfg), total_steps=cfg.trainer.total_steps,
                               seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
+        if cfg.critic.enable:
+            critic = CriticGroup(critic_model(cfg.model, cfg.critic.model.path), cfg.critic,
+                                 total_steps=cfg.trainer.total_steps, seed=cfg.trainer.seed,
+                                 deterministic=cfg.trainer.deterministic)
         engine = make_engine(cfg.engine, cfg.model.path)
         tools = ToolRegistry.from_tools_config(cfg.tools)
         await tools.start()  # discover remote tool schemas now: a missing service fails before any rollout
@@ -282,7 +415,12 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
 
         if start.checkpoint is not None:
             workers.load_checkpoint(start.checkpoint)
-            sampler.load_state_dict(load_driver_state(start.checkpoint)["sampler"])
+            if critic is not None:
+                critic.load_checkpoint(start.checkpoint)
+            driver = load_driver_state(start.checkpoint)
+            sampler.load_state_dict(driver["sampler"])
+            if kl_ctrl is not None and "kl_ctrl" in driver:  # absent: the checkpoint's run had no reward KL
+                kl_ctrl.load_state_dict(driver["kl_ctrl"])
             await sync_weights(workers.full_state_dict(), engine, backend=cfg.engine.backend,
                                model_path=cfg.model.path, run_dir=run_dir, step=start.step)
 
@@ -291,14 +429,13 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for step in range(start.step + 1, cfg.trainer.total_steps + 1):
             metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers, engine=engine,
-                                       pad_token_id=pad_token_id)
+                                       pad_token_id=pad_token_id, critic=critic, kl_ctrl=kl_ctrl)
             last = step == cfg.trainer.total_steps
             if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
                 metrics.update(await validate(val_rollout, val_tasks, step))
             if cfg.trainer.save_freq and (step % cfg.trainer.save_freq == 0 or last):
-                t0 = time.perf_counter()
-                save_checkpoint(cfg, workers, sampler, step)
-                metrics["timing/save_s"] = time.perf_counter() - t0
+                with timed("timing/save_s", metrics):
+                    save_checkpoint(cfg, workers, sampler, step, critic=critic, kl_ctrl=kl_ctrl)
             logger.log(step, metrics)
         if cfg.trainer.save_hf_model:
             # Loadable with AutoModelForCausalLM / `agentrl eval --model`, like any other HF model dir.
@@ -316,6 +453,8 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             await close()
         if workers is not None:
             workers.shutdown()
+        if critic is not None:
+            critic.shutdown()
         if started_ray:
             import ray
 
@@ -330,7 +469,11 @@ __all__ = [
     "TaskSampler",
     "collect_episodes",
     "group_by_uid",
+    "episode_scores",
     "has_signal",
+    "mask_truncated",
+    "needs_reference",
+    "rollout_correction",
     "run",
     "save_checkpoint",
     "train",

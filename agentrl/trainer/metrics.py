@@ -1,7 +1,7 @@
 """Step metrics: pure functions from episodes / batch tensors to flat dicts, and the loggers that write them.
 
-Names are grouped by prefix: `reward/`, `episode/`, `tools/`, `adv/`, `actor/`, `drift/`, `timing/`, `perf/`,
-`data/`, `val/`. Every step writes one JSON line to `run_dir/metrics.jsonl`, one console line
+Names are grouped by prefix: `reward/`, `episode/`, `tools/`, `adv/`, `actor/`, `critic/`, `drift/`,
+`rollout_corr/`, `timing/`, `perf/`, `data/`, `val/`. Every step writes one JSON line to `run_dir/metrics.jsonl`, one console line
 (`agentrl.trainer.console`), and optionally TensorBoard (`tensorboard` in trainer.loggers) and W&B (`wandb`)
 scalars.
 
@@ -16,7 +16,10 @@ import json
 import math
 import os
 import sys
+import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -72,12 +75,43 @@ def episode_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, floa
     return out
 
 
-def advantage_metrics(adv_B: torch.Tensor) -> dict[str, float]:
-    if adv_B.numel() == 0:
+@contextmanager
+def timed(key: str, out: dict[str, float]) -> Iterator[None]:
+    """Add the wall-clock seconds of the `with` body to out[key]."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        out[key] = out.get(key, 0.0) + time.perf_counter() - t0
+
+
+def _masked_stats(prefix: str, x_B_L: torch.Tensor, mask_B_L: torch.Tensor) -> dict[str, float]:
+    values = x_B_L[mask_B_L.bool()]
+    if values.numel() == 0:
         return {}
-    return {"adv/mean": float(adv_B.mean()), "adv/std": float(adv_B.std(unbiased=False)),
-            "adv/max": float(adv_B.max()), "adv/min": float(adv_B.min()),
-            "adv/zero_frac": float((adv_B == 0).float().mean())}
+    return {f"{prefix}mean": float(values.mean()), f"{prefix}std": float(values.std(unbiased=False)),
+            f"{prefix}max": float(values.max()), f"{prefix}min": float(values.min())}
+
+
+def advantage_metrics(adv_B_L: torch.Tensor, mask_B_L: torch.Tensor) -> dict[str, float]:
+    """Advantages over loss tokens (one value per token: an outcome estimator's per-trajectory advantage counts
+    once per token of the trajectory)."""
+    out = _masked_stats("adv/", adv_B_L, mask_B_L)
+    if out:
+        out["adv/zero_frac"] = float((adv_B_L[mask_B_L.bool()] == 0).float().mean())
+    return out
+
+
+def value_metrics(values_B_L: torch.Tensor, returns_B_L: torch.Tensor, mask_B_L: torch.Tensor) -> dict[str, float]:
+    """The critic's values before the update and the GAE returns it is trained towards, over loss tokens."""
+    keep = mask_B_L.bool()
+    if not bool(keep.any()):
+        return {}
+    values, returns = values_B_L[keep], returns_B_L[keep]
+    explained = 1 - float((returns - values).var(unbiased=False)) / max(float(returns.var(unbiased=False)), 1e-8)
+    return {"critic/values_mean": float(values.mean()), "critic/returns_mean": float(returns.mean()),
+            "critic/values_max": float(values.max()), "critic/values_min": float(values.min()),
+            "critic/vf_explained_var": explained}
 
 
 def drift_metrics(rollout_logprobs_B_L: torch.Tensor, old_logprobs_B_L: torch.Tensor, loss_mask_B_L: torch.Tensor,
@@ -201,4 +235,6 @@ __all__ = [
     "episode_metrics",
     "read_metrics",
     "rewind_jsonl",
+    "timed",
+    "value_metrics",
 ]

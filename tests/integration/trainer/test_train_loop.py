@@ -21,23 +21,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def calc_tasks(tmp_path_factory):
-    """Calc-suite prompts scored by the parity of the first sampled token, so a random model's groups differ."""
-    from agentrl.data.suites import write_suite
-
-    root = tmp_path_factory.mktemp("calc")
-    paths = {}
-    for split, n in (("train", 16), ("heldout", 4)):
-        raw = write_suite("calc", split, n, root / f"raw-{split}.jsonl", seed=0)[0]
-        rows = [json.loads(line) for line in raw.read_text().splitlines()]
-        for row in rows:
-            row["reward"] = {"type": "parity"}
-        paths[split] = root / f"{split}.jsonl"
-        paths[split].write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return paths
-
-
-@pytest.fixture(scope="module")
 def calculator_service():
     port = free_port()
     with service([sys.executable, "-m", "agentrl.cli", "tools", "serve", "agentrl.tools.builtin.calculator:calculator",
