@@ -1,12 +1,17 @@
-"""Update-phase throughput: length-sorted micro-batches trimmed to their longest row vs naive full padding.
+"""Update-phase throughput: length-sorted micro-batches trimmed to their longest row vs naive full padding,
+or (`--critic`) the PPO update with and without a critic.
 
     agentrl bench train                                  # tiny model built in a temp dir, 32 ragged sequences
     agentrl bench train --model runs/tiny-model --sequences 64 --min-len 16 --max-len 512 --repeats 3
+    agentrl bench train --critic                         # policy update vs value-model update, same batch
 
 Both strategies get the same padded-token memory budget per forward (`--micro-rows` x the longest row) and
 the same batch (ragged lengths drawn uniformly from [min-len, max-len]); tokens/s counts real tokens only.
 Runs one in-process FSDP2 rank (gloo), so it measures the padding strategy, not communication. The two
 strategies alternate (median of `--repeats` each, after a warm-up round) so a change in machine load hits both.
+With `--critic` the policy update and the critic update (a value model with the policy's body, the same
+micro-batch budget and bucket strategy) alternate the same way; the target is a critic update costing at most
+1.2x the policy update.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: on a shared machine more threads mostly measure contention)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--critic", action="store_true",
+                        help="time the critic update against the policy update instead of the padding strategies")
 
 
 def _episodes(count: int, min_len: int, max_len: int, vocab: int, seed: int):
@@ -72,6 +79,13 @@ def run(args: argparse.Namespace) -> int:
     budget = args.micro_rows * max(lens)
     actor = ActorConfig(lr=1e-6, ppo_micro_batch_size=args.micro_rows, max_tokens_per_micro_batch=budget)
     group = WorkerGroup(ModelConfig(path=model_path), actor, total_steps=100, use_ray=False)
+    if args.critic:
+        try:
+            return _critic_vs_policy(args, group, batch, budget)
+        finally:
+            group.shutdown()
+            if tmp is not None:
+                tmp.cleanup()
     try:
         batch["old_logprobs"], _ = group.compute_logprobs(batch, temperature=1.0)
         strategies = ("full", "bucket")
@@ -100,6 +114,44 @@ def run(args: argparse.Namespace) -> int:
               f"{real_tokens / seconds:>11.0f}")
     speedup = results["full"][0] / results["bucket"][0]
     print(f"bucket / full throughput: {speedup:.2f}x")
+    return 0
+
+
+def _critic_vs_policy(args: argparse.Namespace, policy, batch, budget: int) -> int:
+    """Alternate one policy update and one critic update on `batch` (median of `--repeats` each)."""
+    from agentrl.trainer.config import CriticConfig
+    from agentrl.trainer.critic import CriticGroup
+
+    critic_cfg = CriticConfig(lr=1e-6, ppo_micro_batch_size=args.micro_rows, max_tokens_per_micro_batch=budget,
+                              loss_agg_mode="token-mean")
+    critic = CriticGroup(policy.model_cfg, critic_cfg, total_steps=100, use_ray=False)
+    try:
+        batch["old_logprobs"], _ = policy.compute_logprobs(batch, temperature=1.0)
+        batch["values"] = critic.compute_values(batch)
+        batch["returns"] = batch["advantages"] + batch["values"]
+        size = batch.batch_size[0]
+        times: dict[str, list[float]] = {"policy": [], "critic": []}
+        for repeat in range(args.repeats + 1):  # round 0 warms up
+            t0 = time.perf_counter()
+            policy.update_policy(batch, temperature=1.0, mini_batch_size=size, shuffle=False)
+            t1 = time.perf_counter()
+            critic.update_critic(batch, mini_batch_size=size, shuffle=False)
+            t2 = time.perf_counter()
+            if repeat:
+                times["policy"].append(t1 - t0)
+                times["critic"].append(t2 - t1)
+    finally:
+        critic.shutdown()
+    real_tokens = int(batch["seq_lens"].sum())
+    policy_s, critic_s = statistics.median(times["policy"]), statistics.median(times["critic"])
+    print(f"update phase with a critic: {args.sequences} sequences, lengths {args.min_len}-{args.max_len}, "
+          f"{real_tokens} real tokens, budget {budget} padded tokens per forward, median of {args.repeats}")
+    print(f"{'update':<24}{'seconds':>10}{'tokens/s':>11}")
+    for name, seconds in (("policy (no critic)", policy_s), ("critic", critic_s),
+                          ("policy + critic", policy_s + critic_s)):
+        print(f"{name:<24}{seconds:>10.2f}{real_tokens / seconds:>11.0f}")
+    ratio = critic_s / policy_s
+    print(f"critic / policy update time: {ratio:.2f}x (target <= 1.20x: {'met' if ratio <= 1.2 else 'missed'})")
     return 0
 
 

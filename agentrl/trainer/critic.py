@@ -37,10 +37,17 @@ class CriticWorker(FSDPWorker):
 
     def _build_models(self):
         from transformers import AutoModelForTokenClassification
+        from transformers.utils import logging as hf_logging
 
         # Dropout 0: the value regression must see the same function in compute_values and in the update.
-        return self._load(trainable=True, auto_class=AutoModelForTokenClassification, num_labels=1,
-                          classifier_dropout=0.0)
+        # Errors only: the load report would list the value head as "missing", which a fresh head is meant to be.
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            return self._load(trainable=True, auto_class=AutoModelForTokenClassification, num_labels=1,
+                              classifier_dropout=0.0)
+        finally:
+            hf_logging.set_verbosity(verbosity)
 
     def _values(self, mb: TensorDict):
         """Values [b, w] aligned with input_ids: the head at position p - 1 gives the value of token p."""
