@@ -7,7 +7,8 @@
   beyond) is not run again; `final_model/` is left as it is.
 - resume from a checkpoint at step k (`auto`: the latest complete one in run_dir; or a checkpoint directory):
   the config must agree with the checkpoint's on every key of `FIXED_ON_RESUME`, else one `ResumeConfigError`
-  names each key that differs. Then metrics.jsonl and episodes.jsonl are cut after step k, TensorBoard hides
+  names each key that differs; a config with a critic (`critic.enable`) needs a checkpoint that holds one,
+  written by as many critic ranks as `critic.world_size`. Then metrics.jsonl and episodes.jsonl are cut after step k, TensorBoard hides
   its events after k, checkpoints after k (a continuation that is being replaced) are deleted, `final_model/`
   and COMPLETE are removed, and the config is written to `config.resume-<k>.yaml`: config.yaml stays the config
   of the first start. Every step then appears once, as an uninterrupted run writes it.
@@ -33,6 +34,8 @@ from agentrl.config import save_config, to_dict
 from agentrl.errors import UserError
 from agentrl.trainer.checkpoint import (
     CONFIG_FILE,
+    CRITIC_RANK_FILE,
+    CRITIC_SHARDS_DIR,
     MARKER,
     checkpoint_step,
     checkpoints_root,
@@ -87,12 +90,26 @@ def resume_mismatches(current: dict, saved: dict) -> list[str]:
     return out
 
 
+def critic_mismatch(cfg: TrainConfig, checkpoint: Path) -> str | None:
+    """Why the checkpoint cannot give this run its critic (none in it, or another number of ranks), or None."""
+    if not cfg.critic.enable:
+        return None  # a checkpoint's critic, if any, is simply not loaded
+    if not (checkpoint / CRITIC_SHARDS_DIR).is_dir():
+        return f"critic.enable (true here; the checkpoint has no {CRITIC_SHARDS_DIR}/: its run had no critic)"
+    ranks = len(list(checkpoint.glob(CRITIC_RANK_FILE.format(rank="*"))))
+    if ranks != cfg.critic.world_size:
+        return f"critic.world_size ({ranks} -> {cfg.critic.world_size})"
+    return None
+
+
 def check_resume_config(cfg: TrainConfig, checkpoint: Path) -> None:
-    """Raise ResumeConfigError naming every FIXED_ON_RESUME key on which `cfg` differs from the checkpoint's config."""
+    """Raise ResumeConfigError naming every FIXED_ON_RESUME key on which `cfg` differs from the checkpoint's config,
+    and a critic the checkpoint cannot provide."""
     saved_path = checkpoint / CONFIG_FILE
-    if not saved_path.is_file():
-        return
-    diffs = resume_mismatches(to_dict(cfg), yaml.safe_load(saved_path.read_text()))
+    diffs = resume_mismatches(to_dict(cfg), yaml.safe_load(saved_path.read_text())) if saved_path.is_file() else []
+    critic = critic_mismatch(cfg, checkpoint)
+    if critic:
+        diffs.append(critic)
     if diffs:
         raise ResumeConfigError(f"cannot resume from {checkpoint}: the config differs from the checkpoint's in "
                                 f"{', '.join(diffs)}; set those keys back, or start over with trainer.resume=never "
@@ -181,6 +198,7 @@ __all__ = [
     "ResumeConfigError",
     "Start",
     "check_resume_config",
+    "critic_mismatch",
     "has_records",
     "mark_complete",
     "move_aside",

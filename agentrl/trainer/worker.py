@@ -10,9 +10,11 @@ and passes the global token and sequence counts of every mini-batch, so every ra
 forwards (FSDP collectives match) and the objective does not depend on how a mini-batch is cut.
 
 Losses (per micro-batch, summed over micro-batches by gradient accumulation = the mini-batch objective):
-    PPO/GRPO   policy_loss_vanilla + kl_loss_coef * agg(kl_penalty) - entropy_coeff * agg(entropy)
+    policy     `algos.ppo_objective`: the actor.policy_loss (rollout-correction weights on its token losses)
+               + kl_loss_coef * agg(kl_penalty) - entropy_coeff * agg(entropy)
     SFT        agg(-logp) on loss-mask tokens (`update_sft`: the same micro-batching, for supervised
                fine-tuning on tool transcripts)
+    critic     `algos.value_loss`, the clipped value loss (`agentrl.trainer.critic`)
 FSDP averages gradients over ranks; the global counts already normalise the loss, so each rank's loss is
 multiplied by the world size before backward.
 """

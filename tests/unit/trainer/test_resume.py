@@ -114,3 +114,18 @@ def test_a_run_dir_with_only_a_config_is_reused(tmp_path):
     assert prepare_run_dir(cfg(run), plan_start(cfg(run))) == []
     assert "old: true" not in (run / "config.yaml").read_text()
     assert not (tmp_path / "run.old-1").exists()
+
+
+def test_a_run_with_a_critic_resumes_only_from_a_checkpoint_with_one(tmp_path):
+    run = tmp_path / "run"
+    fake_run(run, 1, cfg(run))  # a GRPO run: no critic/ in its checkpoint
+    with pytest.raises(ResumeConfigError) as e:
+        plan_start(cfg(run, "algorithm.adv_estimator=gae"))
+    assert "critic.enable (true here; the checkpoint has no critic/: its run had no critic)" in str(e.value)
+    checkpoint = list_checkpoints(run)[0]
+    (checkpoint / "critic").mkdir()
+    (checkpoint / "critic_rank0.pt").touch()
+    assert plan_start(cfg(run, "algorithm.adv_estimator=gae")).step == 1
+    with pytest.raises(ResumeConfigError, match=r"critic.world_size \(1 -> 2\)"):
+        plan_start(cfg(run, "algorithm.adv_estimator=gae", "critic.world_size=2"))
+    assert plan_start(cfg(run)).step == 1  # a run without a critic ignores the checkpoint's
