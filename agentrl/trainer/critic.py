@@ -1,7 +1,7 @@
 """The value model of classic PPO and its FSDP2 ranks.
 
-The critic is an HF causal-LM body with a scalar head (`AutoModelForTokenClassification`, one label, no
-dropout): the body comes from `critic.model.path` or, by default, the policy's weights; the head is drawn
+The critic is an HF causal-LM body with a scalar head (`AutoModelForTokenClassification`, one label,
+dropout off): the body comes from `critic.model.path` or, by default, the policy's weights; the head is drawn
 from the seeded initializer. It has its own optimizer, LR schedule, micro-batching and checkpoint directory
 (`critic/`, `critic_rank{r}.pt`); everything but the model and the value loss is `FSDPWorker`'s.
 
@@ -39,15 +39,18 @@ class CriticWorker(FSDPWorker):
         from transformers import AutoModelForTokenClassification
         from transformers.utils import logging as hf_logging
 
-        # Dropout 0: the value regression must see the same function in compute_values and in the update.
         # Errors only: the load report would list the value head as "missing", which a fresh head is meant to be.
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
-            return self._load(trainable=True, auto_class=AutoModelForTokenClassification, num_labels=1,
-                              classifier_dropout=0.0)
+            model = self._load(trainable=True, auto_class=AutoModelForTokenClassification, num_labels=1)
         finally:
             hf_logging.set_verbosity(verbosity)
+        # No dropout (the head's default is 0.1): the update must regress the function compute_values evaluated.
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        return model
 
     def _values(self, mb: TensorDict):
         """Values [b, w] aligned with input_ids: the head at position p - 1 gives the value of token p."""

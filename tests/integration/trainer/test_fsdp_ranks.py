@@ -1,4 +1,5 @@
-"""FSDP2 over gloo with Ray actors: two ranks compute the same gradient and the same update as one rank."""
+"""FSDP2 over gloo with Ray actors: two ranks compute the same gradient and the same update as one rank, for
+the policy and for the critic."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from agentrl.trainer.batch import episodes_to_batch
-from agentrl.trainer.config import ActorConfig, ModelConfig
+from agentrl.trainer.config import ActorConfig, CriticConfig, ModelConfig
+from agentrl.trainer.critic import CriticGroup
 from agentrl.trainer.worker import WorkerGroup
 from agentrl.types import Episode
 
@@ -51,6 +53,29 @@ def test_one_and_two_ranks_agree(ray_session, tiny_model_dir):
     for name in g1:
         torch.testing.assert_close(g2[name], g1[name], atol=1e-5, rtol=1e-4, msg=name)
     for key in ("pg_loss", "kl_loss", "entropy", "grad_norm", "pg_clipfrac"):
+        assert m2[key] == pytest.approx(m1[key], abs=1e-5), key
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_one_and_two_critic_ranks_agree(ray_session, tiny_model_dir):
+    model = ModelConfig(path=str(tiny_model_dir))
+    batch = episodes_to_batch(episodes(7), pad_token_id=0)
+    results = {}
+    for world in (1, 2):
+        critic = CriticGroup(model, CriticConfig(lr=1e-3, world_size=world, max_tokens_per_micro_batch=64,
+                                                 grad_clip=1e6, loss_agg_mode="token-mean"), total_steps=10, seed=0)
+        try:
+            step_batch = batch.clone()
+            step_batch["values"] = critic.compute_values(step_batch)
+            step_batch["returns"] = step_batch["loss_mask"] * 0.5
+            metrics = critic.update_critic(step_batch, mini_batch_size=7, shuffle=False)
+            results[world] = (step_batch["values"], metrics, critic.full_state_dict())
+        finally:
+            critic.shutdown()
+    (v1, m1, w1), (v2, m2, w2) = results[1], results[2]
+    torch.testing.assert_close(v2, v1, atol=1e-5, rtol=0)
+    for key in ("vf_loss", "vf_clipfrac", "vpred_mean", "grad_norm"):
         assert m2[key] == pytest.approx(m1[key], abs=1e-5), key
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], atol=1e-5, rtol=1e-4, msg=name)

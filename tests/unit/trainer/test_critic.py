@@ -66,6 +66,9 @@ def test_training_towards_fixed_returns_lowers_the_value_loss(critic, batch):
     for key in ("vf_loss", "vf_clipfrac", "vpred_mean", "grad_norm", "lr", "optimizer_steps"):
         assert key in first, key
     assert first["optimizer_steps"] == 1 and first["vf_clipfrac"] == 0.0  # values == old values at the start
+    # The update's forward (train mode) is the function compute_values evaluated: no dropout.
+    mask = batch["loss_mask"]
+    assert first["vpred_mean"] == pytest.approx(float((batch["values"] * mask).sum() / mask.sum()), abs=1e-6)
     for _ in range(5):
         last = critic.update_critic(batch, mini_batch_size=8, shuffle=False)
     assert last["vf_loss"] < first["vf_loss"]
