@@ -47,7 +47,8 @@ chromium:
 	  else echo "warning: chromium missing and not root; the viewer's browser test will be skipped"; fi; \
 	fi
 
-quickstart: setup
+# the quickstart needs the venv and the sandbox's isolation, not the compiler or the test browser
+quickstart: $(STAMP) bwrap
 	$(BIN)/agentrl quickstart
 
 test: setup
