@@ -36,7 +36,7 @@ class QuickstartSettings:
     sft_steps: int = 600
     sft_batch_size: int = 16
     sft_lr: float = 2e-3
-    grpo_steps: int = 80
+    grpo_steps: int = 100
     grpo_prompts_per_step: int = 8
     grpo_n: int = 8
     grpo_lr: float = 1e-4
@@ -158,7 +158,8 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         engine=engine_config(),
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
-        rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64),
+        # seeded sampling: each episode's seed derives from grpo_seed and its group (not from the OS entropy pool)
+        rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64, seed=grpo_seed(s)),
         algorithm=AlgorithmConfig(filter_zero_variance_groups=s.grpo_filter_rounds > 0,
                                   max_filter_rounds=max(0, s.grpo_filter_rounds)),
         actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0,

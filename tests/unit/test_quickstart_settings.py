@@ -119,3 +119,11 @@ def test_dynamic_sampling_follows_grpo_filter_rounds(tmp_path):
     assert on.filter_zero_variance_groups and on.max_filter_rounds == QuickstartSettings().grpo_filter_rounds > 0
     off = algorithm(grpo_filter_rounds=0)
     assert not off.filter_zero_variance_groups and off.max_filter_rounds == 0
+
+
+def test_grpo_sampling_is_seeded_by_grpo_seed(tmp_path):
+    from agentrl.quickstart import train_config
+
+    s = dataclasses.replace(QuickstartSettings(), seed=3, grpo_seed=7)
+    cfg = train_config(s, "model", ["rl.jsonl"], "http://127.0.0.1:1", tmp_path)
+    assert cfg.rollout.seed == 7 and cfg.trainer.seed == 7 and cfg.data.seed == 7
