@@ -61,7 +61,7 @@ class QuickstartSettings:
 SMOKE_RUN_DIR = "runs/quickstart-smoke"
 SMOKE = dict(smoke=True, size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps=4, sft_batch_size=8,
              grpo_steps=2, grpo_prompts_per_step=2, grpo_n=2, grpo_tasks_per_suite=8, max_response_tokens=96,
-             max_assistant_turns=3)
+             max_assistant_turns=3, grpo_filter_rounds=0)  # no filtering: both steps update, whatever the rewards
 
 
 def _pick_port(requested: int | None, what: str) -> int:

@@ -167,16 +167,28 @@ async def test_update_weights_from_disk_changes_outputs(server, model, tmp_path)
 
 
 async def test_abort_request_by_rid(server):
+    """An abort that finds the request live ends it with finish_reason "abort" and its partial output. Whether
+    the abort lands before the request's last token is a race the server settles and reports (`aborted`: 1 or
+    0), so the test asserts on what the server says happened and tries again when the request finished first."""
     eng = _client(server)
-    task = asyncio.create_task(eng.generate([1, 2, 3], SamplingParams(max_new_tokens=250, temperature=0),
-                                            request_id="long-1"))
+    landed = 0
     async with httpx.AsyncClient(base_url=server, timeout=30) as http:
-        for _ in range(200):  # wait until the server is decoding it
-            if (await http.get("/get_server_info")).json()["num_running"] > 0:
+        for attempt in range(5):
+            rid = f"long-{attempt}"
+            task = asyncio.create_task(eng.generate(
+                [1, 2, 3], SamplingParams(max_new_tokens=250, temperature=0, ignore_eos=True), request_id=rid))
+            for _ in range(500):  # until the server is decoding it
+                if (await http.get("/get_server_info")).json()["num_running"] > 0:
+                    break
+                await asyncio.sleep(0.01)
+            r = await http.post("/abort_request", json={"rid": rid})
+            g = await task
+            if r.json()["aborted"]:
+                assert g.finish_reason == "abort" and len(g.token_ids) <= 250
+                assert g.metrics["finish_detail"]["type"] == "abort"
+                landed += 1
                 break
-            await asyncio.sleep(0.01)
-    await eng.abort("long-1")
-    g = await task
-    assert g.finish_reason == "abort" and len(g.token_ids) < 250
-    assert g.metrics["finish_detail"]["type"] == "abort"
+            assert g.finish_reason == "length" and len(g.token_ids) == 250  # it had finished: nothing aborted
+    assert landed == 1
+    await eng.abort("no-such-request")  # the client's abort: unknown ids are not an error
     await eng.close()

@@ -136,6 +136,15 @@ CORPUS = [
 ]
 
 
+def _plain_process() -> None:
+    """The bare run starts as from an interactive shell: no core files, and SIGINT/SIGQUIT at their defaults even
+    when pytest itself was started in the background (`cmd &` ignores both, and CPython then never installs its
+    KeyboardInterrupt handler); the sandboxed program sees the defaults either way."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _bare(code: str, stdin: str, files: dict[str, bytes], fetch: list[str]) -> dict:
     python, prefix = python_runtime()
     with tempfile.TemporaryDirectory(prefix="agentrl-diff-") as tmp:
@@ -149,7 +158,7 @@ def _bare(code: str, stdin: str, files: dict[str, bytes], fetch: list[str]) -> d
             f.write(code)
         env = {**sandbox_env(prefix), "HOME": tmp}
         out = subprocess.run([python, script], input=stdin.encode(), capture_output=True, cwd=tmp, env=env,
-                             timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+                             timeout=60, preexec_fn=_plain_process)
         fetched = {}
         for path in fetch:
             full = os.path.join(tmp, path)
