@@ -52,6 +52,9 @@ class QuickstartSettings:
     sft_seed: int | None = None  # SFT data order (None: seed); what another machine's rounding would change
     grpo_seed: int | None = None  # GRPO task order and rollout sampling (None: seed)
     sft_model: str | None = None  # an SFT model from an earlier quickstart with the same seed: skip the SFT phase
+    # trainer config overrides for the RL phase, e.g. [algorithm.adv_estimator=rloo] or, for PPO with a critic
+    # and GAE, [algorithm.adv_estimator=gae, critic.enable=true]: other algorithms on the same SFT model and budget
+    rl_overrides: list[str] = field(default_factory=list)
     pin_kernels: bool = False  # AVX2 kernels for ATen and MKL: other x86-64 machines then compute the same floats
     tools_port: int | None = None  # None: a free port
     sandbox_port: int | None = None
@@ -152,7 +155,7 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         TrainerConfig,
     )
 
-    return TrainConfig(
+    cfg = TrainConfig(
         model=ModelConfig(path=model_path),
         data=DataConfig(train_files=rl_files, train_batch_size=s.grpo_prompts_per_step, seed=grpo_seed(s)),
         engine=engine_config(),
@@ -171,6 +174,11 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         trainer=TrainerConfig(total_steps=s.grpo_steps, run_dir=str(run_dir), resume="never", seed=grpo_seed(s),
                               test_freq=0, save_freq=0, save_hf_model=True),
     )
+    if not s.rl_overrides:
+        return cfg
+    from agentrl.config import load_config, to_dict
+
+    return load_config(TrainConfig, data=to_dict(cfg), overrides=s.rl_overrides)
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -458,8 +466,16 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
             raise QuickstartError(f"quickstart --set: {key} has its own option; use {OWN_OPTIONS[key]}")
         values[key] = _setting_value(key, raw, fields[key])
     run_dir = args.run_dir or (SMOKE_RUN_DIR if args.smoke else QuickstartSettings.run_dir)
-    return QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
-                              with_sandbox=not args.no_sandbox, **values)
+    s = QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
+                           with_sandbox=not args.no_sandbox, **values)
+    if s.rl_overrides:  # a bad key fails now, not after the SFT phase
+        from agentrl.config import ConfigError
+
+        try:
+            train_config(s, "model", ["tasks.jsonl"], "http://127.0.0.1:1", Path(run_dir) / "grpo")
+        except (ConfigError, ValueError) as e:
+            raise QuickstartError(f"quickstart --set rl_overrides: {e}") from None
+    return s
 
 
 def _main(args: argparse.Namespace) -> int:

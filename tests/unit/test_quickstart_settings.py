@@ -127,3 +127,14 @@ def test_grpo_sampling_is_seeded_by_grpo_seed(tmp_path):
     s = dataclasses.replace(QuickstartSettings(), seed=3, grpo_seed=7)
     cfg = train_config(s, "model", ["rl.jsonl"], "http://127.0.0.1:1", tmp_path)
     assert cfg.rollout.seed == 7 and cfg.trainer.seed == 7 and cfg.data.seed == 7
+
+
+def test_rl_overrides_reach_the_trainer_config_and_bad_keys_fail_first(tmp_path):
+    from agentrl.quickstart import train_config
+
+    s = settings("--set", "rl_overrides=[algorithm.adv_estimator=rloo, actor.lr=2e-4]")
+    cfg = train_config(s, "model", ["rl.jsonl"], "http://127.0.0.1:1", tmp_path)
+    assert cfg.algorithm.adv_estimator == "rloo" and cfg.actor.lr == pytest.approx(2e-4)
+    assert cfg.algorithm.filter_zero_variance_groups  # the quickstart's own settings stay
+    with pytest.raises(QuickstartError, match="rl_overrides: .*algorithm.adv_estimatr"):
+        settings("--set", "rl_overrides=[algorithm.adv_estimatr=rloo]")
