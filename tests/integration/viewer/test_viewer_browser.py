@@ -1,9 +1,12 @@
 """`agentrl view` in a real browser: headless Chromium (the system's, driven by Playwright) opens the page of a
-real small run, goes to an episode and counts the tokens coloured as policy; a screenshot is kept."""
+real small run, goes to an episode and counts the tokens coloured as policy. The screenshots are test artifacts:
+they are kept in `test-artifacts/viewer/` at the repository root (or under $AGENTRL_TEST_ARTIFACTS)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 from helpers import free_port, service
@@ -12,6 +15,7 @@ from agentrl.agent_loop.rollout import read_episodes
 
 pytestmark = pytest.mark.slow
 
+ARTIFACTS = Path(os.environ.get("AGENTRL_TEST_ARTIFACTS", Path(__file__).resolve().parents[3] / "test-artifacts"))
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
@@ -36,14 +40,16 @@ def viewer_url(recorded_run):
         yield url
 
 
-def test_episode_page_colours_exactly_the_policy_tokens(browser, viewer_url, recorded_run, tmp_path):
+def test_episode_page_colours_exactly_the_policy_tokens(browser, viewer_url, recorded_run):
     run_dir, _ = recorded_run
+    shots = ARTIFACTS / "viewer"
+    shots.mkdir(parents=True, exist_ok=True)
     rows = read_episodes(run_dir / "episodes.jsonl")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{viewer_url}/#/")
     page.wait_for_selector("#groups tr.episode-row")
     assert "groups" in page.inner_text("#summary")
-    page.screenshot(path=str(tmp_path / "viewer-groups.png"), full_page=True)
+    page.screenshot(path=str(shots / "viewer-groups.png"), full_page=True)
     target = next(i for i, r in enumerate(rows) if any(c["ok"] for c in r["tool_calls"]))
     page.click(f'#groups tr.episode-row[data-row="{target}"] a')
     page.wait_for_selector("#tokens .tok.policy")
@@ -54,7 +60,7 @@ def test_episode_page_colours_exactly_the_policy_tokens(browser, viewer_url, rec
     tip = page.inner_text("#tip")
     assert "rollout logprob" in tip and "trainer logprob" in tip and "difference" in tip
     page.select_option("#colour-mode", "drift")
-    shot = tmp_path / "viewer-episode.png"
+    shot = shots / "viewer-episode.png"
     page.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
     assert shot.stat().st_size > 0
@@ -67,4 +73,4 @@ def test_episode_page_colours_exactly_the_policy_tokens(browser, viewer_url, rec
     page.goto(f"{viewer_url}/#/curves")
     page.wait_for_selector("#charts .chart")
     assert page.locator('#charts .chart[data-key^="reward (reward/mean)"] polyline').count() == 1
-    page.screenshot(path=str(tmp_path / "viewer-curves.png"), full_page=True)
+    page.screenshot(path=str(shots / "viewer-curves.png"), full_page=True)
