@@ -42,6 +42,8 @@ class QuickstartSettings:
     grpo_lr: float = 1e-4
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 1000
+    # per-suite RL task counts instead, e.g. {calc: 2000, lookup: 1000}: the step's prompts are drawn in that ratio
+    grpo_tasks: dict[str, int] = field(default_factory=dict)
     grpo_hard_tasks: bool = True  # GRPO prompts from the train split's hard mix (`agentrl data make --hard`)
     # DAPO dynamic sampling: a step trains on groups whose rewards differ, refilled from new prompts (up to this
     # many extra rollout rounds); 0 trains on whatever the first round gave, zero-variance groups included
@@ -110,7 +112,7 @@ def make_data(s: QuickstartSettings, data_dir: Path) -> dict:
             write_jsonl(kb, kb_rows)
         demo_rows += asyncio.run(make_demos(tasks))
         rl = data_dir / f"{suite}-rl.jsonl"
-        write_suite(suite, "train", s.grpo_tasks_per_suite, rl, seed=s.seed + 1,
+        write_suite(suite, "train", s.grpo_tasks.get(suite, s.grpo_tasks_per_suite), rl, seed=s.seed + 1,
                     hard=s.grpo_hard_tasks and suite in HARD_MIX_SUITES)
         rl_files.append(str(rl))
     write_jsonl(data_dir / "sft.jsonl", demo_rows)

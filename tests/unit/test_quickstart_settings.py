@@ -3,6 +3,7 @@ run directory, and the report says what produced it (seed, commit, phase times) 
 mean."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,13 @@ def test_rl_overrides_reach_the_trainer_config_and_bad_keys_fail_first(tmp_path)
     assert cfg.algorithm.filter_zero_variance_groups  # the quickstart's own settings stay
     with pytest.raises(QuickstartError, match="rl_overrides: .*algorithm.adv_estimatr"):
         settings("--set", "rl_overrides=[algorithm.adv_estimatr=rloo]")
+
+
+def test_grpo_tasks_sets_each_suites_share_of_the_rl_prompts(tmp_path):
+    from agentrl.quickstart import make_data
+
+    s = settings("--set", "grpo_tasks={calc: 12}", "grpo_tasks_per_suite=5", "sft_demos_per_suite=2",
+                 "heldout_per_suite=2")
+    data = make_data(s, tmp_path)
+    counts = {Path(p).name: len(Path(p).read_text().splitlines()) for p in data["rl"]}
+    assert counts == {"calc-rl.jsonl": 12, "lookup-rl.jsonl": 5}
