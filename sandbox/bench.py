@@ -73,6 +73,14 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+
+def _cpu_summary(cpu: dict[str, float], n_total: int, *, decimals: int) -> str:
+    """CPU per request of each column and the CPU-bound throughput ratio of isolated against every bare one."""
+    per_request = ", ".join(f"{k} {v / n_total * 1e3:.{decimals}f} ms" for k, v in cpu.items())
+    ratios = ", ".join(f"isolated/{k} {v / max(cpu['isolated'], 1e-9):.2f}" for k, v in cpu.items() if k != "isolated")
+    return ("CPU per request (load-independent; isolated = service + its sandboxes, HTTP included): "
+            f"{per_request}; CPU-bound throughput ratio {ratios}")
+
 async def _load(n: int, concurrency: int, one) -> tuple[float, list[float]]:
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
@@ -139,10 +147,7 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
                   f"{bare_rps:>10.1f} {_pct(bare_lat, .5) * 1e3:>7.1f} {_pct(bare_lat, .99) * 1e3:>7.1f} | "
                   f"{iso_rps / bare_rps:>5.2f} | {bare_s_rps:>13.1f} {iso_rps / bare_s_rps:>5.2f}")
         if local:
-            print("CPU per request (load-independent; isolated = service + its sandboxes, HTTP included): " +
-                  ", ".join(f"{k} {v / n_total * 1e3:.1f} ms" for k, v in cpu.items()) +
-                  f"; CPU-bound throughput ratio isolated/bare {cpu['bare'] / max(cpu['isolated'], 1e-9):.2f}, "
-                  f"isolated/bare -S {cpu['bare -S'] / max(cpu['isolated'], 1e-9):.2f}")
+            print(_cpu_summary(cpu, n_total, decimals=1))
         resp = await client.post("/sessions", json={"language": "python", "idle_ttl_s": 120})
         sid = resp.json()["session_id"]
         await client.post(f"/sessions/{sid}/run", json={"code": "x = 0", "timeout": 10})
@@ -235,9 +240,7 @@ async def _bench_cpp(url: str, args: argparse.Namespace) -> int:
                   f"{bare_rps:>10.2f} {_pct(bare_lat, .5) * 1e3:>7.0f} {_pct(bare_lat, .99) * 1e3:>7.0f} | "
                   f"{iso_rps / bare_rps:>5.2f}")
         if local:
-            print("CPU per request (load-independent; isolated = service + its sandboxes, HTTP included): " +
-                  ", ".join(f"{k} {v / n_total * 1e3:.0f} ms" for k, v in cpu.items()) +
-                  f"; CPU-bound throughput ratio isolated/bare {cpu['bare'] / max(cpu['isolated'], 1e-9):.2f}")
+            print(_cpu_summary(cpu, n_total, decimals=0))
         health = (await client.get("/health")).json()
     print(f"load after: {os.getloadavg()[0]:.2f}; wrong results: isolated {errors['isolated']}, bare {errors['bare']}; "
           f"SandboxError: {health['sandbox_errors']}")
