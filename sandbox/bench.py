@@ -73,13 +73,13 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-
 def _cpu_summary(cpu: dict[str, float], n_total: int, *, decimals: int) -> str:
     """CPU per request of each column and the CPU-bound throughput ratio of isolated against every bare one."""
     per_request = ", ".join(f"{k} {v / n_total * 1e3:.{decimals}f} ms" for k, v in cpu.items())
     ratios = ", ".join(f"isolated/{k} {v / max(cpu['isolated'], 1e-9):.2f}" for k, v in cpu.items() if k != "isolated")
     return ("CPU per request (load-independent; isolated = service + its sandboxes, HTTP included): "
             f"{per_request}; CPU-bound throughput ratio {ratios}")
+
 
 async def _load(n: int, concurrency: int, one) -> tuple[float, list[float]]:
     sem = asyncio.Semaphore(concurrency)
