@@ -33,6 +33,7 @@ BENCH_MODULES: dict[str, str] = {
     "rollout": "agentrl.agent_loop.bench",
     "sandbox": "sandbox.bench",
     "train": "agentrl.trainer.bench",
+    "step": "agentrl.trainer.step_bench",
     "view": "agentrl.viewer.bench",
 }
 

@@ -7,6 +7,8 @@ Temperature 0 means greedy (argmax of the raw logits) and its logprobs are repor
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from agentrl.types import SamplingParams
@@ -62,6 +64,18 @@ def mask_tokens(logits_B_V: torch.Tensor, banned: list[frozenset[int] | None]) -
     return out
 
 
+PARALLEL_MIN_VOCAB = 16384  # rows are drawn on a thread pool from this vocabulary size on (CPU)
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The sampling threads (one per intra-op thread of the first caller, at least 2), started on first use."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, torch.get_num_threads()), thread_name_prefix="agentrl-sample")
+    return _POOL
+
+
 def sample_batch(logits_B_V: torch.Tensor, params: list[SamplingParams],
                  generators: list[torch.Generator | None],
                  banned: list[frozenset[int] | None] | None = None) -> tuple[list[int], list[float]]:
@@ -83,12 +97,21 @@ def sample_batch(logits_B_V: torch.Tensor, params: list[SamplingParams],
     # numpy's argmax: the same first-maximum rule as torch.argmax, and several times faster on CPU
     tokens_B = torch.from_numpy(logits_B_V.numpy().argmax(-1)) if logits_B_V.device.type == "cpu" else \
         torch.argmax(logits_B_V, dim=-1)
-    for i, p in enumerate(params):
-        if p.temperature <= 0:
-            continue
-        row = filter_top_k_top_p(logits_B_V[i] / temps_B[i], p.top_k, p.top_p)
-        probs = torch.softmax(row, dim=-1)
-        tokens_B[i] = torch.multinomial(probs, 1, generator=generators[i]).item()
+    sampled = [i for i, p in enumerate(params) if p.temperature > 0]
+
+    def draw(i: int) -> int:
+        row = logits_B_V[i] if temps[i] == 1.0 else logits_B_V[i] / temps_B[i]  # x / 1.0 == x: same draw
+        probs = torch.softmax(filter_top_k_top_p(row, params[i].top_k, params[i].top_p), dim=-1)
+        return torch.multinomial(probs, 1, generator=generators[i]).item()
+
+    if len(sampled) > 1 and logits_B_V.shape[-1] >= PARALLEL_MIN_VOCAB and logits_B_V.device.type == "cpu":
+        # Each row has its own generator, so drawing rows on several threads gives the very same tokens; on a
+        # large vocabulary the draw (one exponential per vocabulary entry) dominates a CPU decode step.
+        for i, token in zip(sampled, _pool().map(draw, sampled)):
+            tokens_B[i] = token
+    else:
+        for i in sampled:
+            tokens_B[i] = draw(i)
     chosen = logp_B_V.gather(1, tokens_B.unsqueeze(-1)).squeeze(-1)
     return tokens_B.tolist(), chosen.tolist()
 

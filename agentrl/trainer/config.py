@@ -137,7 +137,10 @@ class ActorConfig:
     world_size: int = 1  # FSDP ranks (Ray actors); gloo on CPU, NCCL on GPU
     num_cpus_per_worker: float = 1.0  # Ray CPU resource per rank
     num_gpus_per_worker: float = 0.0  # 1.0 on GPU clusters
-    num_threads_per_worker: int | None = None  # torch intra-op threads per rank; None: 1 when world_size > 1
+    num_threads_per_worker: int | None = None  # torch intra-op threads per rank; None: host cores // world_size
+    # Speed-ups that leave every loss and gradient unchanged (tests/unit/trainer/test_step_speedups.py):
+    fast_logprobs: bool = True  # LM head only at the loss tokens' positions (not prompts, tool observations)
+    reuse_old_logprobs: bool = True  # pi_old from the update's own first forward when that is provably pi_old
 
     def __post_init__(self) -> None:
         if self.lr <= 0:

@@ -184,14 +184,14 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
         batch = episodes_to_batch(episodes, pad_token_id)
     metrics.update(score_stats)
 
-    # pi_old: recomputed with the training weights, or (bypass mode) the rollout's own logprobs.
+    # pi_old: recomputed with the training weights, taken from the update's own forward (reuse_old), or
+    # (bypass mode) the rollout's own logprobs.
+    reuse_old = reuses_old_logprobs(cfg)
     if alg.rollout_correction.bypass_mode:
         batch["old_logprobs"] = batch["rollout_logprobs"].clone()
-    else:
+    elif not reuse_old:
         with timed("timing/old_logprob_s", timing):
             batch["old_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature)
-        metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"], batch["loss_mask"],
-                                     batch["turn_ids"], max_turns=cfg.agent.max_assistant_turns))
     if needs_reference(cfg):
         with timed("timing/ref_logprob_s", timing):
             batch["ref_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature, ref=True)
@@ -220,11 +220,7 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
     train_critic = critic is not None and returns is not None  # a critic learns from the estimator's returns
     if train_critic:
         metrics.update(value_metrics(batch["values"], batch["returns"], mask))
-    if cfg.rollout.dump_episodes:  # advantages and trainer logprobs per token, for `agentrl view`
-        from agentrl.agent_loop.rollout import write_train_records
-
-        write_train_records(cfg.trainer.run_dir, step, episodes, masked_mean(batch["advantages"], mask, dim=1),
-                            batch["old_logprobs"])
+    episode_advantages = masked_mean(batch["advantages"], mask, dim=1)
 
     metrics.update(rollout_correction(batch, alg.rollout_correction))
     metrics.update(mask_truncated(batch, episodes, enabled=alg.mask_truncated))
@@ -244,11 +240,20 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
     with timed("timing/update_s", timing):
         actor = workers.update_policy(batch, temperature=temperature,
                                       mini_batch_size=cfg.actor.ppo_mini_batch_size * cfg.rollout.n,
-                                      epochs=cfg.actor.ppo_epochs, shuffle=cfg.actor.shuffle, seed=update_seed)
+                                      epochs=cfg.actor.ppo_epochs, shuffle=cfg.actor.shuffle, seed=update_seed,
+                                      reuse_old_logprobs=reuse_old)
     metrics.update({f"actor/{k}": v for k, v in actor.items()})
+    if not alg.rollout_correction.bypass_mode:  # reused pi_old exists only on the trained tokens
+        drift_mask = batch["loss_mask"] if reuse_old else mask
+        metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"], drift_mask, batch["turn_ids"],
+                                     max_turns=cfg.agent.max_assistant_turns))
+    if cfg.rollout.dump_episodes:  # advantages and trainer logprobs per token, for `agentrl view`
+        from agentrl.agent_loop.rollout import write_train_records
+
+        write_train_records(cfg.trainer.run_dir, step, episodes, episode_advantages, batch["old_logprobs"])
 
     with timed("timing/sync_s", timing):
-        metrics.update(await sync_weights(workers.full_state_dict(), engine, backend=cfg.engine.backend,
+        metrics.update(await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
                                           model_path=cfg.model.path, run_dir=cfg.trainer.run_dir, step=step))
 
     tokens = int(batch["seq_lens"].sum())
@@ -268,6 +273,21 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
 TRAINER_TIMINGS = ("timing/old_logprob_s", "timing/ref_logprob_s", "timing/values_s", "timing/critic_update_s",
                    "timing/update_s")
 TRUNCATED = "length"  # Episode.finish_reason of a response cut by a length budget
+
+
+def engine_weights(workers, cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The policy's unsharded weights for `sync_weights`: shared-memory views for an engine in this process."""
+    return workers.engine_state_dict() if cfg.engine.backend == "local" else workers.full_state_dict()
+
+
+def reuses_old_logprobs(cfg: TrainConfig) -> bool:
+    """pi_old comes from the update's first forward (no separate pass) when nothing needs it before the update:
+    one PPO epoch, no rollout correction or rejection (they weight the loss by pi_old / pi_rollout), no
+    reward-side KL (it shapes the rewards from pi_old), not bypass mode (pi_old is pi_rollout there)."""
+    alg = cfg.algorithm
+    corr = alg.rollout_correction
+    return (cfg.actor.reuse_old_logprobs and cfg.actor.ppo_epochs == 1 and not alg.use_kl_in_reward
+            and not corr.bypass_mode and corr.level is None and corr.rejection.level is None)
 
 
 def needs_reference(cfg: TrainConfig) -> bool:
@@ -293,6 +313,8 @@ def rollout_correction(batch, corr) -> dict[str, float]:
     token losses (`rollout_is_weights` in the batch) and/or rejected tokens or trajectories taken out of the loss
     mask. In bypass mode pi_old is pi_rollout, so there is nothing to correct."""
     out: dict[str, float] = {}
+    if corr.level is None and corr.rejection.level is None:
+        return out
     log_ratio = batch["old_logprobs"] - batch["rollout_logprobs"]
     if corr.level is not None:
         batch["rollout_is_weights"], stats = rollout_is_weights(log_ratio, batch["loss_mask"], corr.level,
@@ -421,7 +443,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             sampler.load_state_dict(driver["sampler"])
             if kl_ctrl is not None and "kl_ctrl" in driver:  # absent: the checkpoint's run had no reward KL
                 kl_ctrl.load_state_dict(driver["kl_ctrl"])
-            await sync_weights(workers.full_state_dict(), engine, backend=cfg.engine.backend,
+            await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
                                model_path=cfg.model.path, run_dir=run_dir, step=start.step)
 
         if val_tasks and cfg.trainer.test_freq and start.step == 0:
@@ -473,6 +495,7 @@ __all__ = [
     "has_signal",
     "mask_truncated",
     "needs_reference",
+    "reuses_old_logprobs",
     "rollout_correction",
     "run",
     "save_checkpoint",

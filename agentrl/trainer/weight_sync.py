@@ -1,7 +1,10 @@
 """Push the trainer's weights to the rollout engine(s) after every update.
 
 - backend "local" (`LocalEngine`, same process as the driver): the unsharded state dict is handed over in
-  memory (`engine.update_weights(state_dict)`); no disk.
+  memory (`engine.update_weights(state_dict)`); no disk. When the trainer's rank 0 runs on the driver's host
+  it writes the weights into one shared-memory file (`SharedStateDict`, mapped by both processes), so a step's
+  weights cross from the Ray worker to the driver as one memcpy instead of a pickled state dict through
+  Ray's object store.
 - backend "sglang": the state dict is written once as an HF checkpoint (safetensors + the model's config and
   tokenizer files) under `run_dir/weights/step_NNNNNN/`, then `engine.update_weights(dir)` makes every server
   load it (`POST /update_weights_from_disk`; the router does not broadcast, the SGLangEngine calls each
@@ -11,6 +14,9 @@
 
 from __future__ import annotations
 
+import mmap
+import os
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -55,6 +61,102 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], src_model_dir: str 
     return out
 
 
+class SharedStateDict:
+    """A state dict laid out in one shared-memory file: the trainer's rank 0 writes it (`write`), the driver maps
+    it and reads views (`attach`, `views`). Tied tensors (lm_head sharing the embedding) are stored once.
+
+    The writer creates the file under /dev/shm; the reader unlinks it as soon as it has mapped it, so the memory
+    goes back to the system when both processes exit, however they exit. Layout: (name, byte offset, shape,
+    dtype name, name of the tensor it aliases or None)."""
+
+    ALIGN = 64
+    DIR = "/dev/shm"
+
+    def __init__(self, path: str, layout: list[tuple], nbytes: int, mapping: mmap.mmap):
+        self.path, self.layout, self.nbytes = path, layout, nbytes
+        self._mmap = mapping
+        self._views = self._make_views()
+
+    @classmethod
+    def available(cls) -> bool:
+        return os.path.isdir(cls.DIR) and os.access(cls.DIR, os.W_OK)
+
+    @classmethod
+    def create(cls, state_dict: dict[str, torch.Tensor]) -> SharedStateDict:
+        layout, offset, seen = [], 0, {}
+        for name, tensor in state_dict.items():
+            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+            if tensor.data_ptr() != 0 and key in seen:
+                layout.append((name, seen[key][1], tuple(tensor.shape), str(tensor.dtype), seen[key][0]))
+                continue
+            offset = -(-offset // cls.ALIGN) * cls.ALIGN
+            seen[key] = (name, offset)
+            layout.append((name, offset, tuple(tensor.shape), str(tensor.dtype), None))
+            offset += tensor.numel() * tensor.element_size()
+        path = os.path.join(cls.DIR, f"agentrl-weights-{os.getpid()}-{secrets.token_hex(6)}")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(offset, 1))
+            mapping = mmap.mmap(fd, max(offset, 1))
+        finally:
+            os.close(fd)
+        return cls(path, layout, max(offset, 1), mapping)
+
+    @classmethod
+    def attach(cls, path: str, layout: list[tuple], nbytes: int) -> SharedStateDict:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapping = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        os.unlink(path)  # both sides hold the mapping now; the name is no longer needed
+        return cls(path, layout, nbytes, mapping)
+
+    def _make_views(self) -> dict[str, torch.Tensor]:
+        buffer = torch.frombuffer(self._mmap, dtype=torch.uint8)
+        views = {}
+        for name, offset, shape, dtype_name, alias in self.layout:
+            if alias is not None:
+                views[name] = views[alias]
+                continue
+            dtype = getattr(torch, dtype_name.removeprefix("torch."))
+            count = 1
+            for dim in shape:
+                count *= dim
+            nbytes = count * torch.empty((), dtype=dtype).element_size()
+            views[name] = buffer[offset:offset + nbytes].view(dtype).view(shape)
+        return views
+
+    def matches(self, state_dict: dict[str, torch.Tensor]) -> bool:
+        return list(state_dict) == [entry[0] for entry in self.layout] and all(
+            tuple(t.shape) == entry[2] and str(t.dtype) == entry[3] for t, entry in zip(state_dict.values(),
+                                                                                         self.layout))
+
+    def write(self, state_dict: dict[str, torch.Tensor]) -> None:
+        for name, _, _, _, alias in self.layout:
+            if alias is None:
+                self._views[name].copy_(state_dict[name])
+
+    def views(self) -> dict[str, torch.Tensor]:
+        """name -> tensor backed by the shared file (read them before the next `write`)."""
+        return dict(self._views)
+
+    def handle(self) -> tuple[str, list[tuple], int]:
+        return self.path, self.layout, self.nbytes
+
+    def close(self) -> None:
+        self._views = {}
+        try:
+            self._mmap.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes with the process
+            pass
+        if os.path.exists(self.path) and self.path.startswith(self.DIR):
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
 async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: str, model_path: str,
                        run_dir: str | Path, step: int) -> dict[str, float]:
     """Send `state_dict` (from `WorkerGroup.full_state_dict()`) to `engine`; returns timing metrics."""
@@ -74,4 +176,4 @@ async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: 
     raise ValueError(f"engine.backend {backend!r}: weight sync supports 'local' and 'sglang'")
 
 
-__all__ = ["HF_SIDE_FILES", "sync_weights", "write_hf_checkpoint"]
+__all__ = ["HF_SIDE_FILES", "SharedStateDict", "sync_weights", "write_hf_checkpoint"]

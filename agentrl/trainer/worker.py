@@ -36,6 +36,7 @@ from agentrl.services import free_port
 from agentrl.trainer.algos import (
     agg_loss,
     entropy_from_logits,
+    logprobs_and_entropy_from_logits,
     logprobs_from_logits,
     ppo_objective,
 )
@@ -64,6 +65,17 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, 
     span = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / span)
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def rank_threads(world_size: int) -> int:
+    """Default torch threads of a training rank: the cores this process may run on, split over the ranks.
+
+    Not Ray's OMP_NUM_THREADS (1 for a 1-CPU actor): the RL loop alternates rollout and training, so the ranks
+    and an in-process engine never compute at the same time, and a rank left at one thread idles the other
+    cores through every update. On this 2-core machine, 1 -> 2 threads made the update 1.6x faster with
+    bit-identical results (`agentrl bench step`; docs/benchmarks.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, world_size))
 
 
 class FSDPWorker:
@@ -100,15 +112,19 @@ class FSDPWorker:
 
         return ray.util.get_node_ip_address(), free_port()
 
+    def host_address(self) -> str:
+        """This rank's node address (the driver compares it with its own before sharing memory)."""
+        import ray
+
+        return ray.util.get_node_ip_address()
+
     def setup(self, master_addr: str, master_port: int) -> None:
         import torch.distributed as dist
 
         from agentrl.trainer.console import quiet_third_party
 
         quiet_third_party()  # a Ray worker is its own process: no weight-loading bars here either
-        threads = self._threads_per_rank() or (1 if self.world_size > 1 else None)
-        if threads:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(self._threads_per_rank() or rank_threads(self.world_size))
         if self.deterministic:
             torch.use_deterministic_algorithms(True)
         use_cuda = self.cfg.num_gpus_per_worker > 0 and torch.cuda.is_available()
@@ -141,7 +157,7 @@ class FSDPWorker:
         raise NotImplementedError
 
     def _threads_per_rank(self) -> int | None:
-        """torch intra-op threads of this rank; None: torch's default (1 when there are several ranks)."""
+        """torch intra-op threads of this rank; None: `rank_threads(world_size)`."""
         return None
 
     def _lr_factor(self, step: int) -> float:
@@ -272,6 +288,26 @@ class FSDPWorker:
             sd = {name: tensor.clone() for name, tensor in sd.items()}
         return sd
 
+    def stage_full_state_dict(self) -> tuple[str, list[tuple], int] | None:
+        """`full_state_dict` written into this rank's shared-memory file (`SharedStateDict`, created on the first
+        call); rank 0 returns its handle (path, layout, size), others None. Collective, like full_state_dict."""
+        from agentrl.trainer.weight_sync import SharedStateDict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        shared = getattr(self, "_shared_weights", None)
+        if shared is None or not shared.matches(sd):
+            if shared is not None:
+                shared.close()
+            shared = self._shared_weights = SharedStateDict.create(sd)
+        shared.write(sd)
+        return shared.handle()
+
     def save_checkpoint(self, path: str) -> None:
         """Sharded model + optimizer (torch.distributed.checkpoint) and this rank's scheduler and RNG states."""
         import torch.distributed.checkpoint as dcp
@@ -328,6 +364,10 @@ class FSDPWorker:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        shared = getattr(self, "_shared_weights", None)
+        if shared is not None:
+            shared.close()
+            self._shared_weights = None
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -342,6 +382,7 @@ class PolicyWorker(FSDPWorker):
         super().__init__(model, actor, rank=rank, world_size=world_size, total_steps=total_steps, seed=seed,
                          deterministic=deterministic)
         self.with_ref = with_ref
+        self._reused_old: list[torch.Tensor] = []  # pi_old taken from training forwards (update_policy reuse_old)
 
     @property
     def actor(self) -> ActorConfig:
@@ -356,14 +397,55 @@ class PolicyWorker(FSDPWorker):
 
     # ---------------------------------------------------------------------------------------------- forward
 
-    def _forward(self, module, mb: TensorDict, temperature: float, with_entropy: bool):
-        """Token logprobs [b, w] (and entropies) aligned with input_ids; position 0 is 0."""
+    def _forward(self, module, mb: TensorDict, temperature: float, with_entropy: bool, *,
+                 entropy_grad: bool = True):
+        """Token logprobs [b, w] (and entropies) aligned with input_ids; position 0 is 0.
+
+        With `actor.fast_logprobs` the LM head runs only where a loss token is predicted (the policy's own
+        tokens; not the prompt, tool observations or padding), and the other positions read 0. The values at the
+        loss tokens are the same as with the full head: it is the same matmul, row by row. `entropy_grad` False:
+        the entropy is only reported (entropy_coeff 0), so it is computed without a graph."""
         ids = mb["input_ids"].to(self.device)
-        # Rows are right-padded: causal attention already keeps real tokens from seeing the padding after them.
-        logits = module(input_ids=ids, use_cache=False).logits[:, :-1]
-        logp = F.pad(logprobs_from_logits(logits, ids[:, 1:], temperature), (1, 0))
-        ent = F.pad(entropy_from_logits(logits, temperature), (1, 0)) if with_entropy else None
+        if not self.actor.fast_logprobs:
+            # Rows are right-padded: causal attention already keeps real tokens from seeing the padding after them.
+            logits = module(input_ids=ids, use_cache=False).logits[:, :-1]
+            logp = F.pad(logprobs_from_logits(logits, ids[:, 1:], temperature), (1, 0))
+            ent = F.pad(self._entropy(logits, temperature, entropy_grad), (1, 0)) if with_entropy else None
+            return logp, ent
+        target = mb["loss_mask"].to(self.device).bool()
+        target[:, 0] = False  # the first token has no prediction
+        if not target.any():  # a dummy (all-masked) micro-batch: one position, so the head stays in the graph
+            target[0, 1] = True
+        keep = F.pad(target[:, 1:], (0, 1), value=False)  # the position before each target predicts it
+        logits = module(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
+        if logits.dim() == 3:  # a model that ignores a boolean logits_to_keep returns every position
+            logits = logits[keep]
+        labels = ids[target]
+        if with_entropy and entropy_grad:  # the entropy bonus is in the loss: both differentiable
+            logp_n, ent_n = logprobs_from_logits(logits, labels, temperature), entropy_from_logits(logits, temperature)
+        else:  # one softmax pass; the entropy (if asked) is a statistic
+            logp_n, ent_n = logprobs_and_entropy_from_logits(logits, labels, temperature, with_entropy=with_entropy)
+        where = target.nonzero(as_tuple=True)  # row-major, the order of logits[keep]
+        logp = torch.zeros(ids.shape, dtype=logp_n.dtype, device=self.device).index_put(where, logp_n)
+        ent = None if ent_n is None else torch.zeros(ids.shape, dtype=ent_n.dtype, device=self.device).index_put(
+            where, ent_n)
         return logp, ent
+
+    @staticmethod
+    def _entropy(logits: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
+        if grad:
+            return entropy_from_logits(logits, temperature)
+        with torch.no_grad():
+            return entropy_from_logits(logits.detach(), temperature)
+
+    def _reuse_is_exact(self) -> bool:
+        """The update's first forward equals a separate no-grad forward only when train mode changes nothing:
+        no dropout anywhere (train() vs eval())."""
+        config = self.model.config
+        if any(float(getattr(config, name, 0.0) or 0.0) > 0 for name in
+               ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop")):
+            return False
+        return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
 
     @torch.no_grad()
     def compute_logprobs(self, micro_batches: list[TensorDict], temperature: float, ref: bool = False,
@@ -376,7 +458,7 @@ class PolicyWorker(FSDPWorker):
         module.eval()
         out = []
         for mb in micro_batches:
-            logp, ent = self._forward(module, mb, temperature, with_entropy)
+            logp, ent = self._forward(module, mb, temperature, with_entropy, entropy_grad=False)
             real = (torch.arange(logp.shape[1]) < mb["seq_lens"][:, None]).float()  # padding reads as 0
             out.append((logp.float().cpu() * real, None if ent is None else ent.float().cpu() * real))
         return out
@@ -386,11 +468,16 @@ class PolicyWorker(FSDPWorker):
     def _ppo_loss(self, mb: TensorDict, num_tokens: int, num_seqs: int, temperature: float):
         a = self.actor
         need_entropy = a.entropy_coeff != 0 or a.calculate_entropy
-        logp, ent = self._forward(self.model, mb, temperature, need_entropy)
+        logp, ent = self._forward(self.model, mb, temperature, need_entropy, entropy_grad=a.entropy_coeff != 0)
+        if "old_logprobs" in mb.keys():
+            old = mb["old_logprobs"].to(self.device)
+        else:  # reused: this forward is the first under the pre-update weights, so it is pi_old (update_policy)
+            old = logp.detach() * mb["loss_mask"].to(self.device)
+            self._reused_old.append(old.cpu())
         optional = {name: mb[name].to(self.device) if name in mb.keys() else None
                     for name in ("rollout_is_weights", "ref_logprobs")}
         return ppo_objective(
-            logp, mb["old_logprobs"].to(self.device), mb["advantages"].to(self.device),
+            logp, old, mb["advantages"].to(self.device),
             mb["loss_mask"].to(self.device), loss_mode=a.policy_loss.loss_mode, loss_options=a.policy_loss.options(),
             clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
             agg_mode=a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, scale_factor=a.loss_scale_factor,
@@ -404,14 +491,37 @@ class PolicyWorker(FSDPWorker):
         return loss, {"sft_loss": loss.detach()}
 
     def update_policy(self, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]],
-                      temperature: float) -> dict[str, float]:
+                      temperature: float, reuse_old: bool = False):
         """One optimizer step per mini-batch (its micro-batches accumulate); the LR schedule advances once.
 
         counts[k] = (loss tokens, trajectories) of mini-batch k over ALL ranks. Returns mini-batch averages of
         pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, kl_loss, kl, entropy, grad_norm, plus lr,
         optimizer_steps and skipped_steps (non-finite grad norm).
+
+        reuse_old: the micro-batches carry no old_logprobs and every row is in exactly one mini-batch (one epoch).
+        pi_old is then this call's own: mini-batches after the first get a no-grad forward before the first
+        optimizer step, and the first mini-batch takes its logprobs from its training forward (the same weights,
+        no dropout: exactly pi_old, so the ratio is exactly 1 there). Returns (metrics, old logprobs [b, w] per
+        micro-batch per mini-batch) so the driver has pi_old for its metrics and records.
         """
-        return self._train(self._ppo_loss, mini_batches, counts, temperature)
+        if not reuse_old:
+            return self._train(self._ppo_loss, mini_batches, counts, temperature)
+        exact = self._reuse_is_exact()
+        old: list[list[torch.Tensor]] = []
+        for k, micro_batches in enumerate(mini_batches):
+            if k > 0 or not exact:
+                logps = [logp for logp, _ in self.compute_logprobs(micro_batches, temperature)]
+                for mb, logp in zip(micro_batches, logps):
+                    mb["old_logprobs"] = logp
+                old.append(logps)
+            else:
+                old.append([])
+        self._reused_old = []
+        metrics = self._train(self._ppo_loss, mini_batches, counts, temperature)
+        if exact:
+            old[0] = self._reused_old
+        self._reused_old = []
+        return metrics, old
 
     def update_sft(self, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]]) -> dict[str, float]:
         """Supervised step(s): token-mean NLL over loss-mask tokens, same micro-batching and schedule."""
@@ -505,20 +615,52 @@ class FSDPGroup:
                                   max_tokens=self.cfg.max_tokens_per_micro_batch,
                                   max_rows=self.cfg.ppo_micro_batch_size, strategy=strategy)
 
-    def _dispatch_train(self, method: str, batch: TensorDict, steps: list[list[int]], strategy: str,
-                        *extra) -> dict[str, float]:
+    def _plan_train(self, batch: TensorDict, steps: list[list[int]], strategy: str):
+        """Micro-batches per rank per optimizer step, each step's global (loss tokens, trajectories), the plans."""
         per_rank: list[list[list[TensorDict]]] = [[] for _ in range(self.world_size)]
-        counts = []
+        counts, plans = [], []
         for rows in steps:
             plan = self._plan(batch, rows, strategy)
             for r, mbs in enumerate(materialize(batch, plan)):
                 per_rank[r].append(mbs)
             counts.append((int(batch["loss_mask"][torch.tensor(rows)].sum()), len(rows)))
+            plans.append(plan)
+        return per_rank, counts, plans
+
+    def _dispatch_train(self, method: str, batch: TensorDict, steps: list[list[int]], strategy: str,
+                        *extra) -> dict[str, float]:
+        per_rank, counts, _ = self._plan_train(batch, steps, strategy)
         results = self._call(method, [(per_rank[r], counts, *extra) for r in range(self.world_size)])
         return results[0]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self._call("full_state_dict")[0]
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unsharded weights for an engine in the driver's process, valid until the next call: views into
+        rank 0's shared-memory file when rank 0 runs on this host (one copy, nothing pickled), else
+        `full_state_dict()`."""
+        from agentrl.trainer.weight_sync import SharedStateDict
+
+        if not self.use_ray or not self._rank0_on_this_host():
+            return self.full_state_dict()
+        handle = self._call("stage_full_state_dict")[0]
+        shared = getattr(self, "_shared_weights", None)
+        if shared is None or shared.path != handle[0]:  # first call, or rank 0 laid out a new file
+            if shared is not None:
+                shared.close()
+            shared = self._shared_weights = SharedStateDict.attach(*handle)
+        return shared.views()
+
+    def _rank0_on_this_host(self) -> bool:
+        from agentrl.trainer.weight_sync import SharedStateDict
+
+        if getattr(self, "_same_host", None) is None:
+            import ray
+
+            self._same_host = SharedStateDict.available() and \
+                self._call_one(0, "host_address") == ray.util.get_node_ip_address()
+        return self._same_host
 
     def save_checkpoint(self, path: str | Path) -> None:
         self._call("save_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
@@ -528,6 +670,10 @@ class FSDPGroup:
 
     def shutdown(self) -> None:
         self._call("shutdown")
+        shared = getattr(self, "_shared_weights", None)
+        if shared is not None:
+            shared.close()
+            self._shared_weights = None
         if self.use_ray:
             import ray
 
@@ -564,11 +710,28 @@ class WorkerGroup(FSDPGroup):
         return logp, ent
 
     def update_policy(self, batch: TensorDict, *, temperature: float, mini_batch_size: int, epochs: int = 1,
-                      shuffle: bool = True, seed: int = 0, strategy: str = "bucket") -> dict[str, float]:
+                      shuffle: bool = True, seed: int = 0, strategy: str = "bucket",
+                      reuse_old_logprobs: bool = False) -> dict[str, float]:
         """PPO epochs x mini-batches of `mini_batch_size` trajectories; needs old_logprobs (and ref_logprobs
-        when the KL loss is on) in `batch`. Returns the worker metrics of `PolicyWorker.update_policy`."""
+        when the KL loss is on) in `batch`. Returns the worker metrics of `PolicyWorker.update_policy`.
+
+        reuse_old_logprobs (one epoch only): `batch` has no old_logprobs yet; the ranks take pi_old from the
+        update itself (`PolicyWorker.update_policy`, reuse_old) and this call writes it to batch["old_logprobs"]
+        — the same values a separate `compute_logprobs` pass gives, without the first mini-batch's extra forward."""
         steps = mini_batches(batch.batch_size[0], mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed)
-        return self._dispatch_train("update_policy", batch, steps, strategy, temperature)
+        if not reuse_old_logprobs:
+            return self._dispatch_train("update_policy", batch, steps, strategy, temperature)
+        if epochs != 1:
+            raise ValueError("reuse_old_logprobs needs epochs == 1: a later epoch's forward is no longer pi_old")
+        per_rank, counts, plans = self._plan_train(batch, steps, strategy)
+        results = self._call("update_policy", [(per_rank[r], counts, temperature, True)
+                                               for r in range(self.world_size)])
+        size, width = batch["input_ids"].shape
+        old = torch.zeros(size, width)
+        for k, plan in enumerate(plans):
+            old += scatter_rows([rank_old[k] for _, rank_old in results], plan, size, width)  # disjoint rows
+        batch["old_logprobs"] = old
+        return results[0][0]
 
     def update_sft(self, batch: TensorDict, *, mini_batch_size: int | None = None, shuffle: bool = False,
                    seed: int = 0) -> dict[str, float]:
@@ -585,4 +748,4 @@ class WorkerGroup(FSDPGroup):
         return results[0]
 
 
-__all__ = ["FSDPGroup", "FSDPWorker", "PolicyWorker", "WorkerGroup", "lr_factor", "start_ray"]
+__all__ = ["FSDPGroup", "FSDPWorker", "PolicyWorker", "WorkerGroup", "lr_factor", "rank_threads", "start_ray"]

@@ -311,6 +311,51 @@ class _LogProbs(torch.autograd.Function):
         return grad, None, None, None
 
 
+class _LogProbsWithEntropy(torch.autograd.Function):
+    """`_LogProbs` that also returns the entropy per position as a statistic (no gradient), from the same
+    exp pass: one logsumexp instead of two. Backward writes the softmax gradient straight into its output."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature: float, max_elements: int, with_entropy: bool):
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        out = torch.empty(labels.shape, dtype=dtype, device=logits.device)
+        lse = torch.empty_like(out)
+        entropy = torch.empty_like(out) if with_entropy else None
+        for bs, ts in _chunks(*logits.shape, max_elements):
+            z = _scaled(logits[bs, ts], temperature)
+            peak = z.amax(dim=-1, keepdim=True)
+            e = (z - peak).exp_()
+            total = e.sum(dim=-1)
+            lse[bs, ts] = peak.squeeze(-1) + total.log()
+            out[bs, ts] = z.gather(-1, labels[bs, ts, None]).squeeze(-1) - lse[bs, ts]
+            if with_entropy:  # H = lse - E_p[z]
+                entropy[bs, ts] = lse[bs, ts] - torch.linalg.vecdot(e, z) / total
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.temperature, ctx.max_elements = temperature, max_elements
+        ctx.mark_non_differentiable(*([entropy] if with_entropy else []))
+        return out, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, _grad_entropy):
+        logits, labels, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for bs, ts in _chunks(*logits.shape, ctx.max_elements):
+            g_out = grad_out[bs, ts, None].to(lse.dtype)
+            if grad.dtype == lse.dtype:  # in place in the output chunk: no temporary [rows, V] tensor
+                g = grad[bs, ts]
+                torch.sub(_scaled(logits[bs, ts], ctx.temperature), lse[bs, ts, None], out=g)
+                g.exp_().mul_(-g_out)
+            else:
+                g = (_scaled(logits[bs, ts], ctx.temperature) - lse[bs, ts, None]).exp_().mul_(-g_out)
+            g.scatter_add_(-1, labels[bs, ts, None], g_out)  # d log p_y / dz = onehot(y) - softmax(z)
+            if ctx.temperature != 1.0:
+                g.div_(ctx.temperature)
+            if grad.dtype != lse.dtype:
+                grad[bs, ts] = g
+        return grad, None, None, None, None
+
+
 class _Entropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, temperature: float, max_elements: int):
@@ -361,6 +406,21 @@ def logprobs_from_logits(
     labels_b_t = labels.reshape(logits_b_t_v.shape[:-1]).long()
     out = _LogProbs.apply(logits_b_t_v, labels_b_t, float(temperature), max_chunk_elements)
     return out.reshape(labels.shape)
+
+
+def logprobs_and_entropy_from_logits(
+    logits: Tensor, labels: Tensor, temperature: float = 1.0, *, with_entropy: bool = True,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+) -> tuple[Tensor, Tensor | None]:
+    """`logprobs_from_logits` (differentiable) plus, with `with_entropy`, `entropy_from_logits` as a statistic
+    without gradient (entropy_coeff 0), both from one softmax pass over the logits."""
+    logits_b_t_v = _as_b_t_v(logits, temperature)
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal logits shape without V {tuple(logits.shape)}")
+    labels_b_t = labels.reshape(logits_b_t_v.shape[:-1]).long()
+    logp, entropy = _LogProbsWithEntropy.apply(logits_b_t_v, labels_b_t, float(temperature), max_chunk_elements,
+                                               with_entropy)
+    return logp.reshape(labels.shape), None if entropy is None else entropy.reshape(labels.shape)
 
 
 def entropy_from_logits(

@@ -79,3 +79,42 @@ def test_one_and_two_critic_ranks_agree(ray_session, tiny_model_dir):
         assert m2[key] == pytest.approx(m1[key], abs=1e-5), key
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_reused_old_logprobs_and_shared_memory_weights_over_two_ranks(ray_session, tiny_model_dir):
+    """Two Ray ranks taking pi_old from the update itself (two mini-batches: the second gets its no-grad pass
+    before the first step) make the same update as with a separate pi_old pass; the engine's weights come
+    through rank 0's shared-memory file and equal the gathered state dict; no shared file outlives the group."""
+    import glob
+
+    model = ModelConfig(path=str(tiny_model_dir))
+    batch = episodes_to_batch(episodes(7), pad_token_id=0, advantages=[1.0, -0.5, -0.5, 2.0, -1.0, -1.0, 0.3])
+    shared_before = set(glob.glob("/dev/shm/agentrl-weights-*"))
+    results = {}
+    for reuse in (False, True):
+        actor = ActorConfig(lr=1e-3, world_size=2, use_kl_loss=True, kl_loss_coef=0.1,
+                            max_tokens_per_micro_batch=64, grad_clip=1e6)
+        group = WorkerGroup(model, actor, with_ref=True, total_steps=10, seed=0)
+        try:
+            step_batch = batch.clone()
+            step_batch["ref_logprobs"], _ = group.compute_logprobs(step_batch, temperature=1.0, ref=True)
+            if not reuse:
+                step_batch["old_logprobs"], _ = group.compute_logprobs(step_batch, temperature=1.0)
+            metrics = group.update_policy(step_batch, temperature=1.0, mini_batch_size=4, shuffle=False,
+                                          reuse_old_logprobs=reuse)
+            full = group.full_state_dict()
+            engine = group.engine_state_dict()
+            assert list(engine) == list(full)
+            for name in full:
+                assert torch.equal(engine[name], full[name]), name
+            results[reuse] = (step_batch["old_logprobs"], metrics, full)
+        finally:
+            group.shutdown()
+    (old1, m1, w1), (old2, m2, w2) = results[False], results[True]
+    mask = batch["loss_mask"].bool()
+    torch.testing.assert_close(old2[mask], old1[mask], atol=1e-6, rtol=0)
+    for name in ("pg_loss", "kl_loss", "grad_norm", "ppo_kl"):
+        assert m2[name] == pytest.approx(m1[name], rel=1e-4, abs=1e-6), name
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert set(glob.glob("/dev/shm/agentrl-weights-*")) <= shared_before

@@ -1,0 +1,276 @@
+"""One GRPO step, phase by phase, on a given model / task / batch; `--vs-trl` runs TRL's GRPOTrainer on the same
+model, prompts and batch in the same run and prints both s/step and the ratio.
+
+    agentrl bench step                      # the issue-16 setup: random 4-layer Qwen2, real Qwen2 tokenizer
+    agentrl bench step --vs-trl             # + TRL GRPOTrainer(tools=[multiply]) side by side (pip install trl)
+    agentrl bench step --baseline           # + agentrl with this release's step speed-ups off, same run
+    agentrl bench step --model runs/tiny-model --tokenizer runs/tiny-model
+
+The setup (defaults): a random Qwen2 (4 layers, hidden 128, intermediate 512, 2 heads / 1 KV head, tied
+embeddings, ~20M parameters, almost all in the 151k-token embedding), saved with the Qwen2 tokenizer and Qwen2.5
+tool template from `tests/data/qwen2-tokenizer` (a source checkout); task "What is {a}*{b}? Use the multiply
+tool." with 3-digit a, b and a `multiply(a, b)` tool; exact-answer reward; 1 prompt x 8 episodes per step; at
+most 48 new tokens per turn and up to 2 tool calls; lr 1e-5; loss-side KL coefficient 0.001 (so a reference
+model is used); one optimizer step per step; fp32 everywhere.
+
+Each side runs `--warmup` untimed steps and then `--steps` timed ones; the sides alternate `--rounds` times so a
+change in machine load hits all of them. agentrl's phases come from its own metrics.jsonl (`timing/*`); TRL's
+s/step from a trainer callback around each optimizer step (its generation, reference and update included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from agentrl.tools.base import tool
+
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "chat_template.jinja")
+PROMPT = "What is {a}*{b}? Use the multiply tool."
+PHASES = ("rollout_s", "old_logprob_s", "ref_logprob_s", "update_s", "sync_s", "step_s")
+
+
+@tool
+def multiply(a: int, b: int) -> str:
+    """Multiply two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return str(int(a) * int(b))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="HF model dir (default: build the random 4-layer Qwen2 of the issue-16 setup)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer dir for the built model (default: tests/data/qwen2-tokenizer of this checkout)")
+    parser.add_argument("--steps", type=int, default=3, help="timed GRPO steps per side and round (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternations of the sides (default 1)")
+    parser.add_argument("--n", type=int, default=8, help="episodes per prompt (default 8)")
+    parser.add_argument("--prompts", type=int, default=1, help="prompts per step (default 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="per turn (default 48)")
+    parser.add_argument("--vs-trl", action="store_true", help="also run TRL's GRPOTrainer (needs `pip install trl`)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run agentrl with the step speed-ups off (actor.fast_logprobs=false, "
+                             "actor.reuse_old_logprobs=false, actor.num_threads_per_worker=1)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="train-config overrides for the agentrl sides, e.g. actor.num_threads_per_worker=2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", default=None, help="keep the run directories under this path")
+
+
+def default_tokenizer_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "tests" / "data" / "qwen2-tokenizer"
+
+
+def build_model(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """The random 4-layer Qwen2 of the setup, with the given tokenizer's files and chat template."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir / name, out / name)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                         max_position_embeddings=4096, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    return out
+
+
+def write_tasks(path: Path, count: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        rows.append({"prompt": [{"role": "user", "content": PROMPT.format(a=a, b=b)}], "tools": ["multiply"],
+                     "reward": {"type": "exact_match", "ground_truth": str(a * b)}, "data_source": "multiply",
+                     "task_id": f"multiply-{i}"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def agentrl_config(model: Path, tasks: Path, run_dir: Path, args, *, fast: bool):
+    from agentrl.config import load_config
+    from agentrl.trainer.config import TrainConfig
+
+    data = {
+        "model": {"path": str(model), "dtype": "float32", "gradient_checkpointing": False},
+        "data": {"train_files": [str(tasks)], "train_batch_size": args.prompts, "shuffle": False},
+        "engine": {"backend": "local", "dtype": "float32", "max_batch_size": 64, "num_threads": None},
+        "tools": {"functions": ["agentrl.trainer.step_bench:multiply"]},
+        "agent": {"max_assistant_turns": 3, "max_new_tokens_per_turn": args.max_new_tokens,
+                  "max_response_tokens": 3 * args.max_new_tokens + 128, "max_tool_response_tokens": 32},
+        "rollout": {"n": args.n, "temperature": 1.0, "seed": args.seed},
+        "reward": {"answer_from": "final_text"},
+        "actor": {"lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0, "lr_schedule": "constant", "grad_clip": 1.0,
+                  "ppo_mini_batch_size": args.prompts, "ppo_epochs": 1, "use_kl_loss": True,
+                  "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl", "entropy_coeff": 0.0,
+                  "max_tokens_per_micro_batch": 16384, "world_size": 1},
+        "algorithm": {"adv_estimator": "grpo"},
+        "trainer": {"total_steps": args.warmup + args.steps, "run_dir": str(run_dir), "test_freq": 0,
+                    "save_freq": 0, "resume": "never", "seed": args.seed, "loggers": ["jsonl"],
+                    "save_hf_model": False},
+    }
+    overrides = list(args.set)
+    if not fast:
+        overrides += ["actor.fast_logprobs=false", "actor.reuse_old_logprobs=false", "actor.num_threads_per_worker=1"]
+    return load_config(TrainConfig, data=data, overrides=overrides)
+
+
+def run_agentrl(model: Path, tasks: Path, run_dir: Path, args, *, fast: bool) -> list[dict]:
+    """Timed steps' metrics, from a fresh `agentrl train` run in a subprocess (its own Ray, its own threads)."""
+    cfg = agentrl_config(model, tasks, run_dir, args, fast=fast)
+    spec = run_dir.parent / f"{run_dir.name}.yaml"
+    _write_yaml(cfg, spec)
+    proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(spec)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"agentrl train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "timing/step_s" in r]
+    return rows[args.warmup:]
+
+
+def _write_yaml(cfg, path: Path) -> None:
+    import yaml
+
+    from agentrl.config import to_dict
+
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+TRL_SCRIPT = r'''
+import json, sys, time
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+model, tasks, out, steps, n, prompts, max_new, seed = sys.argv[1:9]
+steps, n, prompts, max_new, seed = int(steps), int(n), int(prompts), int(max_new), int(seed)
+tok = AutoTokenizer.from_pretrained(model)
+rows = [json.loads(l) for l in open(tasks)]
+ds = Dataset.from_list([{"prompt": r["prompt"], "answer": r["reward"]["ground_truth"]} for r in rows])
+
+def multiply(a: int, b: int) -> str:
+    """Multiply two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return str(int(a) * int(b))
+
+def reward(completions, answer, **kw):
+    def text(c):
+        return c[-1]["content"] if isinstance(c, list) else c
+    return [1.0 if text(c).strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+class Timer(TrainerCallback):
+    def __init__(self):
+        self.times, self.t0 = [], None
+    def on_step_begin(self, args, state, control, **kw):
+        self.t0 = time.perf_counter()
+    def on_step_end(self, args, state, control, **kw):
+        self.times.append(time.perf_counter() - self.t0)
+
+timer = Timer()
+args = GRPOConfig(output_dir=out, per_device_train_batch_size=n * prompts, num_generations=n,
+                  max_completion_length=max_new, max_tool_calling_iterations=2, learning_rate=1e-5, beta=0.001,
+                  max_steps=steps, use_cpu=True, bf16=False, logging_steps=1, report_to=[], save_strategy="no",
+                  seed=seed, temperature=1.0, lr_scheduler_type="constant", disable_tqdm=True)
+trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
+                      tools=[multiply], callbacks=[timer])
+trainer.train()
+tokens = [h.get("num_tokens") for h in trainer.state.log_history if "num_tokens" in h]
+print("TRL_RESULT " + json.dumps({"times": timer.times, "threads": torch.get_num_threads(), "num_tokens": tokens}))
+'''
+
+
+def run_trl(model: Path, tasks: Path, out: Path, args) -> dict:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        raise SystemExit("--vs-trl needs TRL: `.venv/bin/pip install trl` (an optional extra: pip install "
+                         "'agentrl[trl]')") from None
+    script = out.parent / "trl_step.py"
+    script.write_text(TRL_SCRIPT)
+    cmd = [sys.executable, str(script), str(model), str(tasks), str(out), str(args.warmup + args.steps), str(args.n),
+           str(args.prompts), str(args.max_new_tokens), str(args.seed)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TRL_RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"TRL run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result = json.loads(line[len("TRL_RESULT "):])
+    result["times"] = result["times"][args.warmup:]
+    return result
+
+
+def _median(rows: list[dict], key: str) -> float:
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else 0.0
+
+
+def run(args: argparse.Namespace) -> int:
+    keep = Path(args.keep) if args.keep else None
+    root = keep or Path(tempfile.mkdtemp(prefix="agentrl-bench-step-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.model:
+            model = Path(args.model)
+        else:
+            tok_dir = Path(args.tokenizer) if args.tokenizer else default_tokenizer_dir()
+            if not (tok_dir / "vocab.json").is_file():
+                raise SystemExit(f"no tokenizer at {tok_dir}: pass --tokenizer DIR (an HF tokenizer dir) or --model")
+            model = build_model(root / "model", tok_dir, seed=args.seed)
+        tasks = root / "tasks.jsonl"
+        write_tasks(tasks, 256, args.seed)
+        sides = ["agentrl"] + (["baseline"] if args.baseline else []) + (["trl"] if args.vs_trl else [])
+        results: dict[str, list] = {side: [] for side in sides}
+        for r in range(args.rounds):
+            for side in sides:
+                out = root / f"{side}-r{r}"
+                shutil.rmtree(out, ignore_errors=True)
+                if side == "trl":
+                    res = run_trl(model, tasks, out, args)
+                    results[side] += [{"timing/step_s": t} for t in res["times"]]
+                    print(f"round {r}: trl {statistics.median(res['times']):.2f} s/step "
+                          f"({res['threads']} torch threads)", flush=True)
+                else:
+                    rows = run_agentrl(model, tasks, out, args, fast=side == "agentrl")
+                    results[side] += rows
+                    print(f"round {r}: {side} {_median(rows, 'timing/step_s'):.2f} s/step", flush=True)
+        print(f"\nGRPO step, {args.prompts} prompt(s) x {args.n} episodes, <= {args.max_new_tokens} new tokens per "
+              f"turn, median of {args.steps * args.rounds} steps per side (after {args.warmup} warm-up):")
+        header = f"{'phase (s)':<16}" + "".join(f"{s:>12}" for s in sides if s != "trl")
+        print(header)
+        for phase in PHASES:
+            print(f"{phase:<16}" + "".join(f"{_median(results[s], 'timing/' + phase):>12.3f}"
+                                           for s in sides if s != "trl"))
+        print(f"{'tokens/step':<16}" + "".join(f"{_median(results[s], 'perf/batch_tokens'):>12.0f}"
+                                               for s in sides if s != "trl"))
+        ours = _median(results["agentrl"], "timing/step_s")
+        if "baseline" in results:
+            base = _median(results["baseline"], "timing/step_s")
+            print(f"\nagentrl {ours:.2f} s/step vs speed-ups off {base:.2f} s/step: {base / ours:.2f}x faster")
+        if "trl" in results:
+            theirs = _median(results["trl"], "timing/step_s")
+            print(f"agentrl {ours:.2f} s/step vs TRL GRPOTrainer {theirs:.2f} s/step: {theirs / ours:.2f}x faster "
+                  "(target >= 3x)")
+        return 0
+    finally:
+        if keep is None:
+            shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,191 @@
+"""The GRPO step's speed-ups change no result: the LM head only at loss tokens (`actor.fast_logprobs`), pi_old
+taken from the update's own forward (`actor.reuse_old_logprobs`), the fused log-prob + entropy pass, weights
+through shared memory, and CPU sampling on a thread pool."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from agentrl.config import load_config
+from agentrl.inference import sampling
+from agentrl.trainer.algos import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
+from agentrl.trainer.batch import episodes_to_batch
+from agentrl.trainer.config import ActorConfig, ModelConfig, TrainConfig
+from agentrl.trainer.loop import reuses_old_logprobs
+from agentrl.trainer.weight_sync import SharedStateDict
+from agentrl.trainer.worker import WorkerGroup
+from agentrl.types import SamplingParams
+from test_worker import ragged_episodes
+
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1.0, -1.0]
+
+
+def make_group(model_dir, **actor_changes) -> WorkerGroup:
+    actor = ActorConfig(lr=1e-3, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.0, grad_clip=1.0,
+                        max_tokens_per_micro_batch=100_000, warmup_steps=0, clip_ratio_high=0.28)
+    actor = dataclasses.replace(actor, **actor_changes)
+    return WorkerGroup(ModelConfig(path=str(model_dir)), actor, with_ref=True, total_steps=10, use_ray=False)
+
+
+@pytest.fixture(scope="module")
+def groups(tiny_model_dir):
+    fast, full = make_group(tiny_model_dir), make_group(tiny_model_dir, fast_logprobs=False)
+    yield fast, full
+    fast.shutdown()
+    full.shutdown()
+
+
+def fresh_batch():
+    return episodes_to_batch(ragged_episodes(8), pad_token_id=0, advantages=ADVANTAGES)
+
+
+def set_actor(group, **changes):
+    group.cfg = group.workers[0].cfg = dataclasses.replace(group.cfg, **changes)
+
+
+def test_fast_logprobs_equal_the_full_head_on_loss_tokens(groups):
+    fast, full = groups
+    batch = fresh_batch()
+    mask = batch["loss_mask"].bool()
+    logp_fast, ent_fast = fast.compute_logprobs(batch, temperature=0.9, with_entropy=True)
+    logp_full, ent_full = full.compute_logprobs(batch, temperature=0.9, with_entropy=True)
+    torch.testing.assert_close(logp_fast[mask], logp_full[mask], atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent_fast[mask], ent_full[mask], atol=2e-5, rtol=0)
+    assert float(logp_fast[~mask].abs().sum()) == 0.0  # prompt, observations and padding are not computed
+    assert float(logp_full[mask].abs().sum()) > 0
+
+
+@pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
+def test_fast_logprobs_give_the_same_gradient(groups, entropy_coeff):
+    fast, full = groups
+    batch = fresh_batch()
+    batch["old_logprobs"], _ = full.compute_logprobs(batch, temperature=0.9)
+    batch["ref_logprobs"], _ = full.compute_logprobs(batch, temperature=0.9, ref=True)
+    for g in groups:
+        set_actor(g, entropy_coeff=entropy_coeff, max_tokens_per_micro_batch=48)  # several micro-batches
+    try:
+        a, b = fast.gradients(batch, temperature=0.9), full.gradients(batch, temperature=0.9)
+    finally:
+        for g in groups:
+            set_actor(g, entropy_coeff=0.0, max_tokens_per_micro_batch=100_000)
+    assert sum(float(v.abs().sum()) for v in a.values()) > 0
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("mini_batch_size", [8, 4])  # one optimizer step, and two
+def test_reused_old_logprobs_give_the_same_update(tiny_model_dir, mini_batch_size):
+    separate, reused = make_group(tiny_model_dir), make_group(tiny_model_dir)
+    try:
+        a, b = fresh_batch(), fresh_batch()
+        for g, batch in ((separate, a), (reused, b)):
+            batch["ref_logprobs"], _ = g.compute_logprobs(batch, temperature=0.9, ref=True)
+        a["old_logprobs"], _ = separate.compute_logprobs(a, temperature=0.9)
+        m_a = separate.update_policy(a, temperature=0.9, mini_batch_size=mini_batch_size, seed=3)
+        assert "old_logprobs" not in b.keys()
+        m_b = reused.update_policy(b, temperature=0.9, mini_batch_size=mini_batch_size, seed=3,
+                                   reuse_old_logprobs=True)
+        mask = a["loss_mask"].bool()
+        torch.testing.assert_close(b["old_logprobs"][mask], a["old_logprobs"][mask], atol=1e-6, rtol=0)
+        assert m_a["optimizer_steps"] == m_b["optimizer_steps"] == 8 // mini_batch_size
+        for name in ("pg_loss", "kl_loss", "grad_norm", "pg_clipfrac", "entropy"):
+            assert m_b[name] == pytest.approx(m_a[name], rel=1e-5, abs=1e-7), name
+        assert m_b["ppo_kl"] == pytest.approx(m_a["ppo_kl"], abs=1e-6)
+        wa, wb = separate.full_state_dict(), reused.full_state_dict()
+        for name in wa:
+            torch.testing.assert_close(wb[name], wa[name], atol=1e-6, rtol=1e-5, msg=name)
+    finally:
+        separate.shutdown()
+        reused.shutdown()
+
+
+def test_reuse_needs_one_epoch_and_falls_back_with_dropout(groups):
+    fast, _ = groups
+    batch = fresh_batch()
+    batch["ref_logprobs"], _ = fast.compute_logprobs(batch, temperature=0.9, ref=True)
+    with pytest.raises(ValueError, match="epochs == 1"):
+        fast.update_policy(batch, temperature=0.9, mini_batch_size=8, epochs=2, reuse_old_logprobs=True)
+    expected, _ = fast.compute_logprobs(batch, temperature=0.9)
+    worker = fast.workers[0]
+    worker._reuse_is_exact = lambda: False  # as with dropout: every mini-batch gets a separate no-grad pass
+    try:
+        fast.update_policy(batch, temperature=0.9, mini_batch_size=8, reuse_old_logprobs=True)
+    finally:
+        del worker._reuse_is_exact
+    torch.testing.assert_close(batch["old_logprobs"], expected, atol=1e-6, rtol=0)
+
+
+def test_reuse_is_used_only_when_nothing_needs_pi_old_before_the_update():
+    base = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}}
+    assert reuses_old_logprobs(load_config(TrainConfig, data=base))
+    for override in ("actor.ppo_epochs=2", "actor.reuse_old_logprobs=false", "algorithm.use_kl_in_reward=true",
+                     "algorithm.rollout_correction.level=token", "algorithm.rollout_correction.bypass_mode=true"):
+        assert not reuses_old_logprobs(load_config(TrainConfig, data=base, overrides=[override])), override
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fused_logprobs_and_entropy_match_the_separate_passes(temperature, dtype):
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, 41) * 3).to(dtype).requires_grad_()
+    labels = torch.randint(0, 41, (3, 5))
+    logp, entropy = logprobs_and_entropy_from_logits(logits, labels, temperature, max_chunk_elements=90)
+    ref_logp = logprobs_from_logits(logits, labels, temperature, max_chunk_elements=90)
+    weights = torch.randn(3, 5)
+    grad, = torch.autograd.grad((logp * weights).sum(), logits)
+    ref_grad, = torch.autograd.grad((ref_logp * weights).sum(), logits)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(logp, ref_logp, atol=tol, rtol=0)
+    torch.testing.assert_close(entropy, entropy_from_logits(logits.detach(), temperature), atol=tol, rtol=0)
+    torch.testing.assert_close(grad.float(), ref_grad.float(), atol=tol, rtol=0)
+    assert not entropy.requires_grad
+    x = torch.randn(4, 11, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 11, (4,))
+    assert torch.autograd.gradcheck(
+        lambda z: logprobs_and_entropy_from_logits(z, y, 0.8, max_chunk_elements=22)[0], (x,))
+
+
+def test_shared_state_dict_round_trip_keeps_tied_tensors_once():
+    embed = torch.randn(50, 8)
+    sd = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(8, dtype=torch.bfloat16),
+          "lm_head.weight": embed, "scale": torch.tensor(3.0, dtype=torch.float64)}
+    writer = SharedStateDict.create(sd)
+    try:
+        writer.write(sd)
+        reader = SharedStateDict.attach(*writer.handle())
+        assert not os.path.exists(writer.path)  # unlinked once both sides hold the mapping
+        views = reader.views()
+        assert list(views) == list(sd)
+        for name, tensor in sd.items():
+            assert views[name].dtype == tensor.dtype and torch.equal(views[name], tensor), name
+        assert views["lm_head.weight"].data_ptr() == views["model.embed_tokens.weight"].data_ptr()
+        assert writer.nbytes < 2 * embed.numel() * 4  # the tied embedding is stored once
+        sd["model.embed_tokens.weight"].add_(1.0)
+        writer.write(sd)
+        assert torch.equal(reader.views()["lm_head.weight"], embed)  # the reader sees the next write
+        assert writer.matches(sd) and not writer.matches({"x": embed})
+        reader.close()
+    finally:
+        writer.close()
+
+
+def test_threaded_sampling_draws_the_same_tokens(monkeypatch):
+    torch.manual_seed(0)
+    vocab = sampling.PARALLEL_MIN_VOCAB + 5
+    logits = torch.randn(6, vocab) * 4
+    params = [SamplingParams(max_new_tokens=1, temperature=t, top_k=k, top_p=p)
+              for t, k, p in ((1.0, -1, 1.0), (0.7, -1, 1.0), (0.0, -1, 1.0), (1.0, 50, 1.0), (1.0, -1, 0.9),
+                              (1.3, -1, 1.0))]
+
+    def draw():
+        gens = [None if p.temperature <= 0 else sampling.make_generator(100 + i) for i, p in enumerate(params)]
+        return sampling.sample_batch(logits, params, gens)
+
+    threaded = [draw() for _ in range(3)]
+    monkeypatch.setattr(sampling, "PARALLEL_MIN_VOCAB", 10 ** 9)  # one row after the other
+    sequential = draw()
+    assert all(t == sequential for t in threaded)
