@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from agentrl.services import exit_with_parent
+
+    exit_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -167,8 +167,9 @@ def run_service(cmd: list[str], health_url: str, *, name: str = "service", log_p
     else:
         log = tempfile.TemporaryFile()
     try:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                cwd=cwd, start_new_session=True)
+        # EXIT_WITH_PARENT: an `agentrl ...` child also exits when this process dies without cleaning up (SIGKILL)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+                                env={**os.environ, EXIT_WITH_PARENT: str(os.getpid()), **(env or {})})
         try:
             wait_healthy(health_url, proc, name=name, timeout_s=timeout_s, log=log)
             yield proc
@@ -176,6 +177,41 @@ def run_service(cmd: list[str], health_url: str, *, name: str = "service", log_p
             stop_process_group(proc)
     finally:
         log.close()
+
+
+EXIT_WITH_PARENT = "AGENTRL_EXIT_WITH_PARENT"  # pid of the process whose death should stop this one
+
+
+def exit_with_parent() -> None:
+    """Called first by every `agentrl` command: when `EXIT_WITH_PARENT` names our parent (`run_service` sets
+    it), ask Linux to SIGTERM us when the parent dies (PR_SET_PDEATHSIG), so a service never outlives a
+    quickstart that was SIGKILLed; the child's own SIGTERM handling then stops its children. If the parent is
+    already gone, exit now. No-op elsewhere (not Linux, variable unset, started by something else)."""
+    wanted = os.environ.get(EXIT_WITH_PARENT)
+    if not wanted or not sys.platform.startswith("linux"):
+        return
+    os.environ.pop(EXIT_WITH_PARENT)  # not inherited by what this process starts
+    if wanted != str(os.getppid()):
+        if not _pid_alive(int(wanted)):
+            raise SystemExit(f"agentrl: parent process {wanted} is gone; exiting")
+        return  # started through a wrapper (e.g. a shell): the parent is not the one to watch
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if str(os.getppid()) != wanted:  # the parent died before prctl took effect
+        raise SystemExit(f"agentrl: parent process {wanted} is gone; exiting")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def sigterm_as_interrupt() -> None:

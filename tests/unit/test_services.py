@@ -45,3 +45,46 @@ def test_sigterm_becomes_keyboard_interrupt():
             "except KeyboardInterrupt:\n    print('cleaned up')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "cleaned up"
+
+
+def test_a_service_exits_when_its_parent_is_killed():
+    """SIGKILL leaves the parent no chance to clean up: the `agentrl` child sees it die (PR_SET_PDEATHSIG, set
+    because run_service names the parent in AGENTRL_EXIT_WITH_PARENT) and exits by itself."""
+    import signal
+    import time
+
+    port = free_port()
+    code = ("import sys, time\nfrom agentrl.services import agentrl_command, run_service\n"
+            f"cmd = agentrl_command('tools', 'serve', 'agentrl.tools.builtin.calculator:calculator', '--host', "
+            f"'127.0.0.1', '--port', '{port}')\n"
+            f"with run_service(cmd, 'http://127.0.0.1:{port}/health', name='tools', timeout_s=60) as proc:\n"
+            "    print(proc.pid, flush=True)\n    time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert not port_is_free(port)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("the service outlived its SIGKILLed parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_exit_with_parent_is_a_no_op_without_the_variable(monkeypatch):
+    from agentrl.services import EXIT_WITH_PARENT, exit_with_parent
+
+    monkeypatch.delenv(EXIT_WITH_PARENT, raising=False)
+    exit_with_parent()  # nothing to watch: returns
+    monkeypatch.setenv(EXIT_WITH_PARENT, "999999999")  # a parent that does not exist
+    with pytest.raises(SystemExit, match="is gone"):
+        exit_with_parent()
