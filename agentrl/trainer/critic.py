@@ -25,7 +25,7 @@ from agentrl.trainer.algos import masked_sum, value_loss
 from agentrl.trainer.batch import materialize, mini_batches, scatter_rows
 from agentrl.trainer.checkpoint import CRITIC_RANK_FILE, CRITIC_SHARDS_DIR
 from agentrl.trainer.config import ModelConfig
-from agentrl.trainer.worker import FSDPGroup, FSDPWorker
+from agentrl.trainer.fsdp import FSDPGroup, FSDPWorker
 
 
 class CriticWorker(FSDPWorker):

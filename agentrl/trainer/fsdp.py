@@ -1,0 +1,492 @@
+"""FSDP2 plumbing every trained model shares: `FSDPWorker` (one rank, one Ray actor) and `FSDPGroup` (the
+driver's handle on the ranks). The policy is `agentrl.trainer.worker`, the critic `agentrl.trainer.critic`.
+
+`FSDPWorker`: process group and device mesh, a model sharded per decoder layer, AdamW with the LR schedule,
+gradient accumulation over micro-batches with the mini-batch's global counts, clip-and-step, sharded
+checkpoints, the unsharded state dict (in memory or through shared memory for an engine on the same host).
+A worker is deliberately dumb: the driver (`FSDPGroup`) decides which rows go to which rank and micro-batch
+(`agentrl.trainer.batch.plan_micro_batches`) and passes the global token and sequence counts of every
+mini-batch, so every rank runs the same number of forwards (FSDP collectives match) and the objective does not
+depend on how a mini-batch is cut. FSDP averages gradients over ranks; the global counts already normalise the
+loss, so each rank's loss is multiplied by the world size before backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from agentrl.services import free_port
+from agentrl.trainer.batch import MicroBatchPlan, materialize, plan_micro_batches
+from agentrl.trainer.checkpoint import SHARDS_DIR
+from agentrl.trainer.config import ModelConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
+    """LR multiplier after `step` scheduler steps: linear warmup, then constant or cosine down to min_lr_ratio.
+
+    A function of the step and the planned total only, so a resumed run whose total changed continues on the
+    schedule of the new total (`FSDPWorker.load_checkpoint`)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def rank_threads(world_size: int) -> int:
+    """Default torch threads of a training rank: the cores this process may run on, split over the ranks.
+
+    Not Ray's OMP_NUM_THREADS (1 for a 1-CPU actor): the RL loop alternates rollout and training, so the ranks
+    and an in-process engine never compute at the same time, and a rank left at one thread idles the other
+    cores through every update. On this 2-core machine, 1 -> 2 threads made the update 1.6x faster with
+    bit-identical results (`agentrl bench step`; docs/benchmarks.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, world_size))
+
+
+class FSDPWorker:
+    """One FSDP2 rank of a trained model; subclasses build their modules in `_build_models` and add the loss.
+
+    `cfg` is the component's training config (`ActorConfig`, `CriticConfig`): the optimizer (lr, betas,
+    weight_decay, grad_clip), the schedule (warmup_steps, lr_schedule, min_lr_ratio) and the rank's resources
+    (num_gpus_per_worker, num_threads_per_worker). Checkpoints go to `<checkpoint>/<SHARDS_DIR>/` (model and
+    optimizer) and `<checkpoint>/<RANK_FILE>` (scheduler, RNG states, step counters).
+    """
+
+    SHARDS_DIR = SHARDS_DIR
+    RANK_FILE = "worker_rank{rank}.pt"
+    # Statistics averaged over loss tokens (weighted by each micro-batch's token count); others are summed terms.
+    TOKEN_WEIGHTED: tuple[str, ...] = ()
+
+    def __init__(self, model: ModelConfig, cfg, *, rank: int = 0, world_size: int = 1, total_steps: int = 1,
+                 seed: int = 0, deterministic: bool = False):
+        self.model_cfg, self.cfg = model, cfg
+        self.rank, self.world_size = rank, world_size
+        self.total_steps, self.seed = total_steps, seed
+        self.deterministic = deterministic
+        self.skipped_steps = 0
+        self.optimizer_steps = 0
+        self._owns_group = False  # True when setup() created the torch.distributed group (and must destroy it)
+
+    # ------------------------------------------------------------------------------------------------ setup
+
+    def node_address(self) -> tuple[str, int]:
+        """(address, free port) for the process-group rendezvous, asked of rank 0."""
+        if self.world_size == 1:
+            return "127.0.0.1", free_port()
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def host_address(self) -> str:
+        """This rank's node address (the driver compares it with its own before sharing memory)."""
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        import torch.distributed as dist
+
+        from agentrl.trainer.console import quiet_third_party
+
+        quiet_third_party()  # a Ray worker is its own process: no weight-loading bars here either
+        torch.set_num_threads(self._threads_per_rank() or rank_threads(self.world_size))
+        if self.deterministic:
+            torch.use_deterministic_algorithms(True)
+        use_cuda = self.cfg.num_gpus_per_worker > 0 and torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(self.device)
+            if self.deterministic:  # cuBLAS needs a fixed workspace for deterministic matmuls
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
+            dist.init_process_group("nccl" if use_cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=self.rank, world_size=self.world_size)
+        elif dist.get_world_size() != self.world_size:
+            raise RuntimeError(f"a torch.distributed group of size {dist.get_world_size()} already exists in this "
+                               f"process; actor.world_size is {self.world_size}")
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # An explicit mesh: the parameters' device follows num_gpus_per_worker, not whatever is visible.
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        torch.manual_seed(self.seed)
+        random.seed(self.seed)
+        self.model = self._build_models()
+        betas = (self.cfg.betas[0], self.cfg.betas[1])
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=betas,
+                                           weight_decay=self.cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._lr_factor(s))
+
+    def _build_models(self):
+        """Load and shard this rank's modules; returns the trained one (its parameters get the optimizer)."""
+        raise NotImplementedError
+
+    def _threads_per_rank(self) -> int | None:
+        """torch intra-op threads of this rank; None: `rank_threads(world_size)`."""
+        return None
+
+    def _lr_factor(self, step: int) -> float:
+        return lr_factor(step, warmup_steps=self.cfg.warmup_steps, total_steps=self.total_steps,
+                         schedule=self.cfg.lr_schedule, min_lr_ratio=self.cfg.min_lr_ratio)
+
+    def _load(self, trainable: bool, auto_class=None, **config_changes):
+        """`auto_class.from_pretrained(model.path)` (default AutoModelForCausalLM), sharded over the mesh;
+        `config_changes` override keys of the model's config.json (e.g. num_labels)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        path = self.model_cfg.path
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"model path {path!r} is not a directory; point it at an HF model dir "
+                                    "(e.g. one written by `agentrl init-model`)")
+        extra = {"config": AutoConfig.from_pretrained(path, **config_changes)} if config_changes else {}
+        model = (auto_class or AutoModelForCausalLM).from_pretrained(
+            path, dtype=_DTYPES[self.model_cfg.dtype], attn_implementation=self.model_cfg.attn_implementation,
+            **extra)
+        if trainable and self.model_cfg.gradient_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        if not trainable:
+            model.requires_grad_(False)
+            model.eval()
+        # Left on CPU: fully_shard moves each layer to the mesh's device as it shards it, so a GPU never holds
+        # more than one unsharded layer at load time.
+        kwargs = {"mesh": self.mesh}
+        if self.device.type == "cuda" and self.model_cfg.mixed_precision != "none":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.model_cfg.mixed_precision],
+                                                       reduce_dtype=torch.float32)
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if layers is None:
+            raise ValueError(f"{path}: expected a decoder with model.layers (Qwen2/Llama-style); got "
+                             f"{type(model).__name__}")
+        for layer in layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    # ----------------------------------------------------------------------------------------------- training
+
+    def _accumulate(self, loss_fn, micro_batches: list[TensorDict], num_tokens: int, num_seqs: int,
+                    temperature: float, sums: dict[str, float]) -> None:
+        """Forward/backward every micro-batch (gradients accumulate) and add its statistics into `sums`."""
+        for mb in micro_batches:
+            loss, stats = loss_fn(mb, num_tokens, num_seqs, temperature)
+            (loss * self.world_size).backward()
+            tokens = float(mb["loss_mask"].sum())
+            for name, value in stats.items():
+                sums[name] += float(value) * (tokens if name in self.TOKEN_WEIGHTED else 1.0)
+
+    def _global_grad_norm(self) -> float:
+        """L2 norm of the full gradient: squares of every local shard summed over ranks. (torch's
+        clip_grad_norm_ over FSDP2 DTensors was measured 5e-5 off the true norm with 2 ranks here.)"""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                total += g.detach().double().square().sum()
+        if self.world_size > 1:
+            dist.all_reduce(total)
+        return float(total.sqrt())
+
+    def _clip_and_step(self) -> float:
+        grad_norm = self._global_grad_norm()
+        if math.isfinite(grad_norm) and grad_norm > self.cfg.grad_clip:
+            scale = self.cfg.grad_clip / (grad_norm + 1e-6)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _reduce(self, sums: dict[str, float]) -> dict[str, float]:
+        import torch.distributed as dist
+
+        names = sorted(sums)
+        if self.world_size > 1 and names:
+            t = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            return dict(zip(names, t.tolist()))
+        return dict(sums)
+
+    def _train(self, loss_fn, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]],
+               temperature: float) -> dict[str, float]:
+        self.model.train()
+        per_step: dict[str, list[float]] = defaultdict(list)
+        skipped_before = self.skipped_steps
+        for micro_batches, (num_tokens, num_seqs) in zip(mini_batches, counts, strict=True):
+            sums: dict[str, float] = defaultdict(float)
+            self.optimizer.zero_grad(set_to_none=True)
+            self._accumulate(loss_fn, micro_batches, num_tokens, num_seqs, temperature, sums)
+            grad_norm = self._clip_and_step()
+            for name, value in self._reduce(sums).items():
+                per_step[name].append(value / max(num_tokens, 1) if name in self.TOKEN_WEIGHTED else value)
+            if math.isfinite(grad_norm):
+                per_step["grad_norm"].append(grad_norm)
+        metrics = {name: sum(v) / len(v) for name, v in per_step.items() if v}
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        metrics["optimizer_steps"] = float(len(mini_batches))
+        metrics["skipped_steps"] = float(self.skipped_steps - skipped_before)
+        return metrics
+
+    # ------------------------------------------------------------------------------------ state in and out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Unsharded CPU state dict (collective: every rank must call); rank 0 returns it, others None."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        if self.device.type == "cpu":  # on CPU the gathered tensors may alias the live parameters: snapshot them
+            sd = {name: tensor.clone() for name, tensor in sd.items()}
+        return sd
+
+    def stage_full_state_dict(self) -> tuple[str, list[tuple], int] | None:
+        """`full_state_dict` written into this rank's shared-memory file (`SharedStateDict`, created on the first
+        call); rank 0 returns its handle (path, layout, size), others None. Collective, like full_state_dict."""
+        from agentrl.trainer.weight_sync import SharedStateDict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        shared = getattr(self, "_shared_weights", None)
+        if shared is None or not shared.matches(sd):
+            if shared is not None:
+                shared.close()
+            shared = self._shared_weights = SharedStateDict.create(sd)
+        shared.write(sd)
+        return shared.handle()
+
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded model + optimizer (torch.distributed.checkpoint) and this rank's scheduler and RNG states."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(path) / self.SHARDS_DIR))
+        extra = {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "python_rng": random.getstate(), "skipped_steps": self.skipped_steps,
+                 "optimizer_steps": self.optimizer_steps}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            extra["cuda_rng"] = torch.cuda.get_rng_state()
+        torch.save(extra, Path(path) / self.RANK_FILE.format(rank=self.rank))
+
+    def load_checkpoint(self, path: str) -> None:
+        """Weights, optimizer moments, RNG states and the scheduler position from `path`. The optimizer's
+        hyperparameters and the LR schedule come from this worker's config: the LR of the next step is
+        `lr * lr_factor(steps taken, total_steps of this run)`, so changing `trainer.total_steps` or the lr on
+        resume takes effect from the next step."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_state_dict,
+            set_state_dict,
+        )
+
+        extra_path = Path(path) / self.RANK_FILE.format(rank=self.rank)
+        if not (Path(path) / self.SHARDS_DIR).is_dir():
+            raise FileNotFoundError(f"{path} has no {self.SHARDS_DIR}/: the checkpoint was written without this "
+                                    "model (e.g. by a run without a critic)")
+        if not extra_path.is_file():
+            raise FileNotFoundError(f"{extra_path} is missing: the checkpoint was written with a different "
+                                    f"world_size (this run has {self.world_size})")
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(Path(path) / self.SHARDS_DIR))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(extra_path, weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self._apply_optimizer_config()
+        torch.set_rng_state(extra["torch_rng"])
+        random.setstate(extra["python_rng"])
+        if "cuda_rng" in extra and self.device.type == "cuda":
+            torch.cuda.set_rng_state(extra["cuda_rng"])
+        self.skipped_steps, self.optimizer_steps = extra["skipped_steps"], extra["optimizer_steps"]
+
+    def _apply_optimizer_config(self) -> None:
+        """Hyperparameters from the config (a checkpoint's param groups carry the values it was saved with)."""
+        self.scheduler.base_lrs = [self.cfg.lr for _ in self.optimizer.param_groups]
+        lr = self.cfg.lr * self._lr_factor(self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group.update(lr=lr, initial_lr=self.cfg.lr, betas=tuple(self.cfg.betas),
+                         weight_decay=self.cfg.weight_decay)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        shared = getattr(self, "_shared_weights", None)
+        if shared is not None:
+            shared.close()
+            self._shared_weights = None
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None, *, log_to_driver: bool = True) -> bool:
+    """`ray.init` unless Ray is already up; returns True when this call started it (the caller shuts it down).
+
+    Ray's INFO start-up lines are off, and so is the warning a local start prints that token authentication is
+    on (Ray's default, unchanged here; `RAY_AUTH_MODE` decides as usual)."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
+             logging_level=logging.WARNING)
+    return True
+
+
+class FSDPGroup:
+    """The driver's handle on the ranks of one trained model: plans micro-batches, dispatches, gathers.
+
+    use_ray=True: one Ray actor per rank (`cfg.world_size` of them). use_ray=False: a single in-process rank
+    (world_size must be 1), handy for benchmarks and SFT on one machine. Subclasses name their `worker_cls`.
+    """
+
+    worker_cls: type[FSDPWorker] = FSDPWorker
+
+    def __init__(self, model: ModelConfig, cfg, *, total_steps: int = 1, seed: int = 0, deterministic: bool = False,
+                 use_ray: bool = True, **worker_kwargs):
+        # Ray workers may not share the driver's working directory: hand them absolute paths.
+        model = dataclasses.replace(model, path=str(Path(model.path).resolve()))
+        self.model_cfg, self.cfg, self.use_ray = model, cfg, use_ray
+        self.world_size = cfg.world_size
+        kwargs = {"world_size": self.world_size, "total_steps": total_steps, "seed": seed,
+                  "deterministic": deterministic, **worker_kwargs}
+        if use_ray:
+            import ray
+
+            if not ray.is_initialized():
+                raise RuntimeError(f"{type(self).__name__}(use_ray=True) needs ray.init() first")
+            remote = ray.remote(self.worker_cls).options(num_cpus=cfg.num_cpus_per_worker,
+                                                         num_gpus=cfg.num_gpus_per_worker)
+            self.workers = [remote.remote(model, cfg, rank=r, **kwargs) for r in range(self.world_size)]
+        else:
+            if self.world_size != 1:
+                raise ValueError(f"{type(self).__name__}(use_ray=False) runs one in-process rank; set world_size "
+                                 "to 1 or use Ray")
+            self.workers = [self.worker_cls(model, cfg, rank=0, **kwargs)]
+        addr, port = self._call_one(0, "node_address")
+        self._call("setup", [(addr, port)] * self.world_size)
+
+    # --------------------------------------------------------------------------------------------- dispatch
+
+    def _call(self, method: str, per_rank_args: list[tuple] | None = None, **kwargs) -> list:
+        args = per_rank_args or [()] * self.world_size
+        if not self.use_ray:
+            return [getattr(self.workers[0], method)(*args[0], **kwargs)]
+        import ray
+
+        return ray.get([getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, args)])
+
+    def _call_one(self, rank: int, method: str, *args):
+        if not self.use_ray:
+            return getattr(self.workers[rank], method)(*args)
+        import ray
+
+        return ray.get(getattr(self.workers[rank], method).remote(*args))
+
+    def _plan(self, batch: TensorDict, rows: list[int] | None, strategy: str = "bucket") -> MicroBatchPlan:
+        return plan_micro_batches(batch["seq_lens"].tolist(), rows, world_size=self.world_size,
+                                  max_tokens=self.cfg.max_tokens_per_micro_batch,
+                                  max_rows=self.cfg.ppo_micro_batch_size, strategy=strategy)
+
+    def _plan_train(self, batch: TensorDict, steps: list[list[int]], strategy: str):
+        """Micro-batches per rank per optimizer step, each step's global (loss tokens, trajectories), the plans."""
+        per_rank: list[list[list[TensorDict]]] = [[] for _ in range(self.world_size)]
+        counts, plans = [], []
+        for rows in steps:
+            plan = self._plan(batch, rows, strategy)
+            for r, mbs in enumerate(materialize(batch, plan)):
+                per_rank[r].append(mbs)
+            counts.append((int(batch["loss_mask"][torch.tensor(rows)].sum()), len(rows)))
+            plans.append(plan)
+        return per_rank, counts, plans
+
+    def _dispatch_train(self, method: str, batch: TensorDict, steps: list[list[int]], strategy: str,
+                        *extra) -> dict[str, float]:
+        per_rank, counts, _ = self._plan_train(batch, steps, strategy)
+        results = self._call(method, [(per_rank[r], counts, *extra) for r in range(self.world_size)])
+        return results[0]
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call("full_state_dict")[0]
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unsharded weights for an engine in the driver's process, valid until the next call: views into
+        rank 0's shared-memory file when rank 0 runs on this host (one copy, nothing pickled), else
+        `full_state_dict()`."""
+        from agentrl.trainer.weight_sync import SharedStateDict
+
+        if not self.use_ray or not self._rank0_on_this_host():
+            return self.full_state_dict()
+        handle = self._call("stage_full_state_dict")[0]
+        shared = getattr(self, "_shared_weights", None)
+        if shared is None or shared.path != handle[0]:  # first call, or rank 0 laid out a new file
+            if shared is not None:
+                shared.close()
+            shared = self._shared_weights = SharedStateDict.attach(*handle)
+        return shared.views()
+
+    def _rank0_on_this_host(self) -> bool:
+        from agentrl.trainer.weight_sync import SharedStateDict
+
+        if getattr(self, "_same_host", None) is None:
+            import ray
+
+            self._same_host = SharedStateDict.available() and \
+                self._call_one(0, "host_address") == ray.util.get_node_ip_address()
+        return self._same_host
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        self._call("save_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        self._call("load_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
+
+    def shutdown(self) -> None:
+        self._call("shutdown")
+        shared = getattr(self, "_shared_weights", None)
+        if shared is not None:
+            shared.close()
+            self._shared_weights = None
+        if self.use_ray:
+            import ray
+
+            for w in self.workers:
+                ray.kill(w)
+        self.workers = []
+
+
+__all__ = ["FSDPGroup", "FSDPWorker", "lr_factor", "rank_threads", "start_ray"]
