@@ -36,7 +36,7 @@ class QuickstartSettings:
     sft_steps: int = 600
     sft_batch_size: int = 16
     sft_lr: float = 2e-3
-    grpo_steps: int = 100
+    grpo_steps: int = 160
     grpo_prompts_per_step: int = 8
     grpo_n: int = 8
     grpo_lr: float = 1e-4

@@ -67,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train-config overrides for the agentrl sides, e.g. actor.num_threads_per_worker=2")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", default=None, help="keep the run directories under this path")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds one side's run may take (default 3600)")
 
 
 def default_tokenizer_dir() -> Path:
@@ -136,7 +137,12 @@ def run_agentrl(model: Path, tasks: Path, run_dir: Path, args, *, fast: bool) ->
     cfg = agentrl_config(model, tasks, run_dir, args, fast=fast)
     spec = run_dir.parent / f"{run_dir.name}.yaml"
     _write_yaml(cfg, spec)
-    proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(spec)], capture_output=True, text=True)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(spec)], capture_output=True,
+                              text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"agentrl train did not finish within {args.timeout} s (--timeout):\n"
+                           f"{(e.stdout or '')[-3000:]}\n{(e.stderr or '')[-3000:]}") from None
     if proc.returncode != 0:
         raise RuntimeError(f"agentrl train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -210,7 +216,7 @@ def run_trl(model: Path, tasks: Path, out: Path, args) -> dict:
     script.write_text(TRL_SCRIPT)
     cmd = [sys.executable, str(script), str(model), str(tasks), str(out), str(args.warmup + args.steps), str(args.n),
            str(args.prompts), str(args.max_new_tokens), str(args.seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TRL_RESULT ")), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"TRL run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
