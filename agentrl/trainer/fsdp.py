@@ -268,7 +268,9 @@ class FSDPWorker:
 
     def stage_full_state_dict(self) -> tuple[str, list[tuple], int] | None:
         """`full_state_dict` written into this rank's shared-memory file (`SharedStateDict`, created on the first
-        call); rank 0 returns its handle (path, layout, size), others None. Collective, like full_state_dict."""
+        call); rank 0 returns its handle (path, layout, size), others None. Collective, like full_state_dict.
+        Rank 0 returns None too when /dev/shm has no room for the weights (the caller then gathers them the
+        ordinary way)."""
         from agentrl.trainer.weight_sync import SharedStateDict
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -282,6 +284,9 @@ class FSDPWorker:
         if shared is None or not shared.matches(sd):
             if shared is not None:
                 shared.close()
+                self._shared_weights = None
+            if not SharedStateDict.fits(SharedStateDict.layout_size(sd)):
+                return None
             shared = self._shared_weights = SharedStateDict.create(sd)
         shared.write(sd)
         return shared.handle()
@@ -452,6 +457,9 @@ class FSDPGroup:
         if not self.use_ray or not self._rank0_on_this_host():
             return self.full_state_dict()
         handle = self._call("stage_full_state_dict")[0]
+        if handle is None:  # no room in /dev/shm: the ordinary gather, from now on
+            self._same_host = False
+            return self.full_state_dict()
         shared = getattr(self, "_shared_weights", None)
         if shared is None or shared.path != handle[0]:  # first call, or rank 0 laid out a new file
             if shared is not None:

@@ -8,7 +8,8 @@
         scores = rewards [+ overlong penalty]                      (reward.overlong_buffer, DAPO)
         batch = episodes_to_batch(...)
         old_logprobs = policy(batch)                               (training weights, rollout T; bypass_mode:
-                                                                    the rollout logprobs, no recompute)
+                                                                    the rollout logprobs, no recompute; one
+                                                                    epoch: from the update's forward, below)
         [ref_logprobs = reference(batch)]                          (actor.use_kl_loss or algorithm.use_kl_in_reward)
         token_rewards = score on the last policy token [+ per-token rewards in the batch]
         [token_rewards -= beta * kl(old, ref)]                     (algorithm.use_kl_in_reward, kl_ctrl)
@@ -18,7 +19,8 @@
         [truncated responses out of the loss]                      (algorithm.mask_truncated)
         [critic metrics = update_critic(batch)]                    (critic.ppo_epochs x mini x micro-batches)
         actor metrics = update_policy(batch)                       (actor.ppo_epochs x mini x micro-batches)
-        sync weights -> engine                                     (state dict / update_weights_from_disk)
+        sync weights -> engine                                     (shared memory or state dict /
+                                                                    update_weights_from_disk)
         log metrics; validate every test_freq; checkpoint every save_freq (policy, critic, kl_ctrl, sampler)
     final_model/ (HF model dir), COMPLETE
 

@@ -77,12 +77,40 @@ class SharedStateDict:
         self._mmap = mapping
         self._views = self._make_views()
 
+    HEADROOM = 64 << 20  # bytes left free in /dev/shm (Ray's object store lives there too)
+
     @classmethod
     def available(cls) -> bool:
         return os.path.isdir(cls.DIR) and os.access(cls.DIR, os.W_OK)
 
     @classmethod
+    def fits(cls, nbytes: int) -> bool:
+        """Room for `nbytes` in /dev/shm: a file mapped past the filesystem's free space dies with SIGBUS on
+        write (Docker gives containers a 64 MB /dev/shm by default)."""
+        try:
+            st = os.statvfs(cls.DIR)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize >= nbytes + cls.HEADROOM
+
+    @classmethod
+    def layout_size(cls, state_dict: dict[str, torch.Tensor]) -> int:
+        return cls._layout(state_dict)[1]
+
+    @classmethod
     def create(cls, state_dict: dict[str, torch.Tensor]) -> SharedStateDict:
+        layout, offset = cls._layout(state_dict)
+        path = os.path.join(cls.DIR, f"agentrl-weights-{os.getpid()}-{secrets.token_hex(6)}")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(offset, 1))
+            mapping = mmap.mmap(fd, max(offset, 1))
+        finally:
+            os.close(fd)
+        return cls(path, layout, max(offset, 1), mapping)
+
+    @classmethod
+    def _layout(cls, state_dict: dict[str, torch.Tensor]) -> tuple[list[tuple], int]:
         layout, offset, seen = [], 0, {}
         for name, tensor in state_dict.items():
             key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
@@ -93,14 +121,7 @@ class SharedStateDict:
             seen[key] = (name, offset)
             layout.append((name, offset, tuple(tensor.shape), str(tensor.dtype), None))
             offset += tensor.numel() * tensor.element_size()
-        path = os.path.join(cls.DIR, f"agentrl-weights-{os.getpid()}-{secrets.token_hex(6)}")
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, max(offset, 1))
-            mapping = mmap.mmap(fd, max(offset, 1))
-        finally:
-            os.close(fd)
-        return cls(path, layout, max(offset, 1), mapping)
+        return layout, offset
 
     @classmethod
     def attach(cls, path: str, layout: list[tuple], nbytes: int) -> SharedStateDict:

@@ -189,3 +189,20 @@ def test_threaded_sampling_draws_the_same_tokens(monkeypatch):
     monkeypatch.setattr(sampling, "PARALLEL_MIN_VOCAB", 10 ** 9)  # one row after the other
     sequential = draw()
     assert all(t == sequential for t in threaded)
+
+
+def test_rank_stages_its_weights_in_shared_memory_or_declines_without_room(groups, monkeypatch):
+    fast, _ = groups
+    worker = fast.workers[0]
+    full = fast.full_state_dict()
+    handle = worker.stage_full_state_dict()
+    reader = SharedStateDict.attach(*handle)
+    try:
+        for name, tensor in full.items():
+            assert torch.equal(reader.views()[name], tensor), name
+    finally:
+        reader.close()
+        worker._shared_weights.close()
+        worker._shared_weights = None
+    monkeypatch.setattr(SharedStateDict, "fits", classmethod(lambda cls, nbytes: False))  # a 64 MB /dev/shm
+    assert worker.stage_full_state_dict() is None and worker._shared_weights is None
