@@ -18,10 +18,11 @@ three-operation chains are never seen in training. Held-out numbers stay within 
 purpose: a model of a million parameters does not extrapolate copying to longer numbers than it was trained on
 (it cuts longer operands to the trained length; docs/benchmarks.md).
 
-The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) draws from the same split with
-70% two-operation problems over the upper part of the train range (3-5 digit operands, train people): RL
-practises carrying every operand of a longer problem over, in order, which is what held-out problems ask most
-(the mixes compared are in docs/benchmarks.md).
+The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) keeps the train people and digit
+range but draws 1/2/3-operation problems 20/50/30% over 3-5 digit operands, each with at least one 5-digit
+operand: RL practises carrying every operand of a longer problem over, in order, including the long numbers
+whose repeated digits a tiny model miscopies, which is what held-out problems ask most. SFT demonstrations never
+show three operations; RL does (the mixes compared are in docs/benchmarks.md).
 
 The reward is `numeric` with tolerance 0 (exact): the numeric reward's default 1e-6 is also a *relative*
 tolerance, which would accept an 11-digit answer with its last four digits wrong.
@@ -60,8 +61,12 @@ SPLIT_SPECS = {
 }
 
 
-HARD_OP_WEIGHTS = (0.3, 0.7)  # the train split's hard mix: more two-operation problems ...
-HARD_MIN_DIGITS = 3  # ... over the upper part of the train range (3-5 digits)
+# The train split's hard mix (what the quickstart gives GRPO): mostly two- and three-operation problems over the
+# upper part of the train range (3-5 digits), each with at least one 5-digit operand. Its names stay train names.
+HARD_OP_COUNTS = (1, 2, 3)
+HARD_OP_WEIGHTS = (0.2, 0.5, 0.3)
+HARD_MIN_DIGITS = 3
+HARD_BIG_DIGITS = 5
 
 
 @dataclass
@@ -119,7 +124,8 @@ def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list
     people = [p for p in PEOPLE if name_in_split(p, split)]
     if hard:
         check_hard(NAME, split)
-        spec = replace(spec, op_weights=HARD_OP_WEIGHTS, min_digits=HARD_MIN_DIGITS)
+        spec = replace(spec, op_counts=HARD_OP_COUNTS, op_weights=HARD_OP_WEIGHTS, min_digits=HARD_MIN_DIGITS,
+                       big_digits=HARD_BIG_DIGITS)
 
     def one() -> dict:
         while True:

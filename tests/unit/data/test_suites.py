@@ -249,13 +249,17 @@ def test_a_demo_that_disagrees_with_the_ground_truth_is_refused():
         asyncio.run(make_demos([task]))
 
 
-def test_hard_mix_keeps_train_numbers_and_names_with_more_two_step_problems(tmp_path):
-    """The RL mix of the train split: more two-operation / two-hop problems, nothing of the held-out split."""
+def test_hard_mix_keeps_train_numbers_and_names_with_more_multi_step_problems(tmp_path):
+    """The RL mix of the train split: more multi-operation (calc: up to three, each problem with a 5-digit
+    operand) and two-hop problems, nothing of the held-out split."""
     calc_plain, calc_hard = _tasks("calc", "train"), make_suite("calc", "train", 200, 0, hard=True)[0]
     first = [t["extra"]["operands"][0] for t in calc_hard]  # later ones may be divisors or cut to stay positive
     assert 100 <= min(first) and max(x for t in calc_hard for x in t["extra"]["operands"]) < 100_000
-    share = [sum(t["extra"]["num_ops"] == 2 for t in rows) / len(rows) for rows in (calc_plain, calc_hard)]
-    assert share[0] < 0.5 < 0.6 < share[1]
+    assert all(max(t["extra"]["operands"]) >= 10_000 for t in calc_hard)
+    share = [sum(t["extra"]["num_ops"] >= 2 for t in rows) / len(rows) for rows in (calc_plain, calc_hard)]
+    assert share[0] < 0.5 < 0.75 < share[1]
+    assert {t["extra"]["num_ops"] for t in calc_hard} == {1, 2, 3}
+    assert not any(t["extra"]["num_ops"] == 3 for t in calc_plain)  # SFT demonstrations never show three
     assert not {t["task_id"] for t in calc_hard} & {t["task_id"] for t in _tasks("calc", "heldout")}
 
     kb = tmp_path / "hard.kb.jsonl"
