@@ -98,14 +98,19 @@ def agentrl_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "agentrl.cli", *args]
 
 
-def _group_alive(pgid: int) -> bool:
+def _exists(send, target: int) -> bool:
+    """Signal 0 through `send` (os.kill or os.killpg): does the process (group) exist?"""
     try:
-        os.killpg(pgid, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def _group_alive(pgid: int) -> bool:
+    return _exists(os.killpg, pgid)
 
 
 def stop_process_group(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
@@ -205,13 +210,7 @@ def exit_with_parent() -> None:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _exists(os.kill, pid)
 
 
 def sigterm_as_interrupt() -> None:
