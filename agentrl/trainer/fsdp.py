@@ -252,14 +252,19 @@ class FSDPWorker:
 
     # ------------------------------------------------------------------------------------ state in and out
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Unsharded CPU state dict (collective: every rank must call); rank 0 returns it, others None."""
+    def _gather_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unsharded CPU state dict (collective: every rank must call); on CPU its tensors may alias the live
+        parameters."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
         )
 
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Unsharded CPU state dict (collective: every rank must call); rank 0 returns it, others None."""
+        sd = self._gather_state_dict()
         if self.rank != 0:
             return None
         if self.device.type == "cpu":  # on CPU the gathered tensors may alias the live parameters: snapshot them
@@ -272,12 +277,8 @@ class FSDPWorker:
         Rank 0 returns None too when /dev/shm has no room for the weights (the caller then gathers them the
         ordinary way)."""
         from agentrl.trainer.weight_sync import SharedStateDict
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
 
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        sd = self._gather_state_dict()
         if self.rank != 0:
             return None
         shared = getattr(self, "_shared_weights", None)

@@ -134,9 +134,9 @@ def agentrl_config(model: Path, tasks: Path, run_dir: Path, args, *, fast: bool)
 
 def run_agentrl(model: Path, tasks: Path, run_dir: Path, args, *, fast: bool) -> list[dict]:
     """Timed steps' metrics, from a fresh `agentrl train` run in a subprocess (its own Ray, its own threads)."""
-    cfg = agentrl_config(model, tasks, run_dir, args, fast=fast)
-    spec = run_dir.parent / f"{run_dir.name}.yaml"
-    _write_yaml(cfg, spec)
+    from agentrl.config import save_config
+
+    spec = save_config(agentrl_config(model, tasks, run_dir, args, fast=fast), run_dir.parent, f"{run_dir.name}.yaml")
     try:
         proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(spec)], capture_output=True,
                               text=True, timeout=args.timeout)
@@ -148,14 +148,6 @@ def run_agentrl(model: Path, tasks: Path, run_dir: Path, args, *, fast: bool) ->
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "timing/step_s" in r]
     return rows[args.warmup:]
-
-
-def _write_yaml(cfg, path: Path) -> None:
-    import yaml
-
-    from agentrl.config import to_dict
-
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 TRL_SCRIPT = r'''

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import secrets
@@ -38,13 +39,8 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], src_model_dir: str 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    tensors, seen = {}, {}
-    for name, tensor in state_dict.items():
-        key = (tensor.data_ptr(), tensor.shape, tensor.dtype)
-        if tensor.data_ptr() != 0 and key in seen:
-            continue  # a tied alias of a tensor already written
-        seen[key] = name
-        tensors[name] = tensor.detach().contiguous().cpu()
+    tensors = {name: state_dict[name].detach().contiguous().cpu()
+               for name, alias in tied_aliases(state_dict).items() if alias is None}  # tied aliases stored once
     if "lm_head.weight" in tensors and "model.embed_tokens.weight" in tensors:
         import json
 
@@ -61,6 +57,18 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], src_model_dir: str 
     return out
 
 
+def tied_aliases(state_dict: dict[str, torch.Tensor]) -> dict[str, str | None]:
+    """name -> the earlier name whose tensor it is (same storage, shape and dtype: lm_head tied to the
+    embedding), or None for the first holder of each tensor."""
+    first: dict[tuple, str] = {}
+    out: dict[str, str | None] = {}
+    for name, tensor in state_dict.items():
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+        out[name] = first.get(key) if tensor.data_ptr() != 0 else None
+        first.setdefault(key, name)
+    return out
+
+
 class SharedStateDict:
     """A state dict laid out in one shared-memory file: the trainer's rank 0 writes it (`write`), the driver maps
     it and reads views (`attach`, `views`). Tied tensors (lm_head sharing the embedding) are stored once.
@@ -71,13 +79,12 @@ class SharedStateDict:
 
     ALIGN = 64
     DIR = "/dev/shm"
+    HEADROOM = 64 << 20  # bytes left free in /dev/shm (Ray's object store lives there too)
 
     def __init__(self, path: str, layout: list[tuple], nbytes: int, mapping: mmap.mmap):
         self.path, self.layout, self.nbytes = path, layout, nbytes
         self._mmap = mapping
         self._views = self._make_views()
-
-    HEADROOM = 64 << 20  # bytes left free in /dev/shm (Ray's object store lives there too)
 
     @classmethod
     def available(cls) -> bool:
@@ -111,16 +118,13 @@ class SharedStateDict:
 
     @classmethod
     def _layout(cls, state_dict: dict[str, torch.Tensor]) -> tuple[list[tuple], int]:
-        layout, offset, seen = [], 0, {}
-        for name, tensor in state_dict.items():
-            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
-            if tensor.data_ptr() != 0 and key in seen:
-                layout.append((name, seen[key][1], tuple(tensor.shape), str(tensor.dtype), seen[key][0]))
-                continue
-            offset = -(-offset // cls.ALIGN) * cls.ALIGN
-            seen[key] = (name, offset)
-            layout.append((name, offset, tuple(tensor.shape), str(tensor.dtype), None))
-            offset += tensor.numel() * tensor.element_size()
+        layout, offsets, offset = [], {}, 0
+        for name, alias in tied_aliases(state_dict).items():
+            tensor = state_dict[name]
+            if alias is None:
+                offset = offsets[name] = -(-offset // cls.ALIGN) * cls.ALIGN
+                offset += tensor.numel() * tensor.element_size()
+            layout.append((name, offsets[alias or name], tuple(tensor.shape), str(tensor.dtype), alias))
         return layout, offset
 
     @classmethod
@@ -141,11 +145,7 @@ class SharedStateDict:
                 views[name] = views[alias]
                 continue
             dtype = getattr(torch, dtype_name.removeprefix("torch."))
-            count = 1
-            for dim in shape:
-                count *= dim
-            nbytes = count * torch.empty((), dtype=dtype).element_size()
-            views[name] = buffer[offset:offset + nbytes].view(dtype).view(shape)
+            views[name] = buffer[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
         return views
 
     def matches(self, state_dict: dict[str, torch.Tensor]) -> bool:

@@ -301,19 +301,12 @@ class _LogProbs(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        logits, labels, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)
-        for bs, ts in _chunks(*logits.shape, ctx.max_elements):
-            g_out = grad_out[bs, ts, None].to(lse.dtype)
-            g = (_scaled(logits[bs, ts], ctx.temperature) - lse[bs, ts, None]).exp_().mul_(-g_out)
-            g.scatter_add_(-1, labels[bs, ts, None], g_out)  # d log p_y / dz = onehot(y) - softmax(z)
-            grad[bs, ts] = g.div_(ctx.temperature)
-        return grad, None, None, None
+        return _logprob_grad(ctx, grad_out), None, None, None
 
 
 class _LogProbsWithEntropy(torch.autograd.Function):
     """`_LogProbs` that also returns the entropy per position as a statistic (no gradient), from the same
-    exp pass: one logsumexp instead of two. Backward writes the softmax gradient straight into its output."""
+    exp pass: one logsumexp instead of two. The same backward (`_logprob_grad`)."""
 
     @staticmethod
     def forward(ctx, logits, labels, temperature: float, max_elements: int, with_entropy: bool):
@@ -338,22 +331,28 @@ class _LogProbsWithEntropy(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, _grad_entropy):
-        logits, labels, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)
-        for bs, ts in _chunks(*logits.shape, ctx.max_elements):
-            g_out = grad_out[bs, ts, None].to(lse.dtype)
-            if grad.dtype == lse.dtype:  # in place in the output chunk: no temporary [rows, V] tensor
-                g = grad[bs, ts]
-                torch.sub(_scaled(logits[bs, ts], ctx.temperature), lse[bs, ts, None], out=g)
-                g.exp_().mul_(-g_out)
-            else:
-                g = (_scaled(logits[bs, ts], ctx.temperature) - lse[bs, ts, None]).exp_().mul_(-g_out)
-            g.scatter_add_(-1, labels[bs, ts, None], g_out)  # d log p_y / dz = onehot(y) - softmax(z)
-            if ctx.temperature != 1.0:
-                g.div_(ctx.temperature)
-            if grad.dtype != lse.dtype:
-                grad[bs, ts] = g
-        return grad, None, None, None, None
+        return _logprob_grad(ctx, grad_out), None, None, None, None
+
+
+def _logprob_grad(ctx, grad_out: Tensor) -> Tensor:
+    """d sum(grad_out * log p_label) / d logits from the saved (logits, labels, lse), chunk by chunk: written
+    straight into the output chunk when the logits are float32/64 (no temporary [rows, V] tensor)."""
+    logits, labels, lse = ctx.saved_tensors
+    grad = torch.empty_like(logits)
+    for bs, ts in _chunks(*logits.shape, ctx.max_elements):
+        g_out = grad_out[bs, ts, None].to(lse.dtype)
+        if grad.dtype == lse.dtype:
+            g = grad[bs, ts]
+            torch.sub(_scaled(logits[bs, ts], ctx.temperature), lse[bs, ts, None], out=g)
+            g.exp_().mul_(-g_out)
+        else:
+            g = (_scaled(logits[bs, ts], ctx.temperature) - lse[bs, ts, None]).exp_().mul_(-g_out)
+        g.scatter_add_(-1, labels[bs, ts, None], g_out)  # d log p_y / dz = onehot(y) - softmax(z)
+        if ctx.temperature != 1.0:
+            g.div_(ctx.temperature)
+        if grad.dtype != lse.dtype:
+            grad[bs, ts] = g
+    return grad
 
 
 class _Entropy(torch.autograd.Function):
