@@ -8,6 +8,7 @@ milliseconds here, so the service creates them at start and recycles them; count
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import signal
@@ -96,6 +97,9 @@ class Cgroup:
     def __init__(self, version: int, dirs: dict[str, Path]):
         self.version = version
         self.dirs = dirs  # v1: controller -> dir; v2: {"unified": dir}
+        self._limits: tuple | None = None  # what set_limits last wrote: rewriting the same values is skipped
+        self._memory: int | None = None
+        self.baseline: CgroupCounters | None = None  # counters when it was last emptied (the next use's base)
 
     @property
     def procs_files(self) -> list[str]:
@@ -105,6 +109,13 @@ class Cgroup:
         return self.dirs[controller] if self.version == 1 else self.dirs["unified"]
 
     def set_limits(self, *, memory_bytes: int, pids: int, cpus: float) -> None:
+        if self._limits == (memory_bytes, pids, cpus):
+            return
+        self._limits = None  # until every write succeeded
+        self._write_limits(memory_bytes, pids, cpus)
+        self._limits, self._memory = (memory_bytes, pids, cpus), memory_bytes
+
+    def _write_limits(self, memory_bytes: int, pids: int, cpus: float) -> None:
         if self.version == 1:
             mem = self._d("memory")
             memsw = mem / "memory.memsw.limit_in_bytes"
@@ -136,22 +147,32 @@ class Cgroup:
                 _write(d / "cpu.max", f"{int(cpus * 100000)} 100000")
 
     def set_memory(self, memory_bytes: int) -> None:
+        """The memory limit of one request, and (v1) its peak counter reset."""
         if self.version == 1:
             mem = self._d("memory")
             memsw = mem / "memory.memsw.limit_in_bytes"
-            try:
-                _write(mem / "memory.limit_in_bytes", str(memory_bytes))
-                if memsw.exists():
+            if memory_bytes != self._memory:
+                self._memory = None
+                try:
+                    _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+                    if memsw.exists():
+                        _write(memsw, str(memory_bytes))
+                except OSError:
                     _write(memsw, str(memory_bytes))
-            except OSError:
-                _write(memsw, str(memory_bytes))
-                _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+                    _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+                self._memory = memory_bytes
+                if self._limits is not None:
+                    self._limits = (memory_bytes, *self._limits[1:])
             try:
                 _write(mem / "memory.max_usage_in_bytes", "0")
             except OSError:
                 pass
-        else:
+        elif memory_bytes != self._memory:
+            self._memory = None
             _write(self._d("memory") / "memory.max", str(memory_bytes))
+            self._memory = memory_bytes
+            if self._limits is not None:
+                self._limits = (memory_bytes, *self._limits[1:])
 
     def counters(self) -> CgroupCounters:
         if self.version == 1:
@@ -176,25 +197,37 @@ class Cgroup:
                 continue
         return pids
 
+    def kill_pass(self) -> set[int]:
+        """One SIGKILL pass over the cgroup's processes; returns those it found (empty: the cgroup is empty)."""
+        pids = self.procs()
+        if not pids:
+            return pids
+        kill_file = self._d("memory") / "cgroup.kill" if self.version == 2 else None
+        if kill_file is not None and kill_file.exists():
+            _write(kill_file, "1")
+        else:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return pids
+
     def kill_all(self, deadline_s: float = 3.0) -> None:
         """SIGKILL every process in the cgroup until it stays empty; raises CgroupError if it does not."""
-        kill_file = self._d("memory") / "cgroup.kill" if self.version == 2 else None
         end = time.monotonic() + deadline_s
-        while True:
-            pids = self.procs()
-            if not pids:
-                return
-            if kill_file is not None and kill_file.exists():
-                _write(kill_file, "1")
-            else:
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        while pids := self.kill_pass():
             if time.monotonic() > end:
                 raise CgroupError(f"cgroup {self.dirs} still has processes {sorted(pids)[:10]} after SIGKILL")
             time.sleep(0.002)
+
+    async def kill_all_async(self, deadline_s: float = 3.0) -> None:
+        """kill_all on the event loop: the passes are quick, the waits between them are asyncio sleeps."""
+        end = time.monotonic() + deadline_s
+        while pids := self.kill_pass():
+            if time.monotonic() > end:
+                raise CgroupError(f"cgroup {self.dirs} still has processes {sorted(pids)[:10]} after SIGKILL")
+            await asyncio.sleep(0.002)
 
     def remove(self) -> None:
         self.kill_all()
@@ -254,10 +287,13 @@ class CgroupPool:
     def acquire(self) -> Cgroup:
         return self._free.popleft() if self._free else self._create()
 
-    def release(self, cg: Cgroup) -> None:
-        """Empty the cgroup and make it available again; a cgroup that cannot be emptied is retired."""
+    def release(self, cg: Cgroup, *, emptied: bool = False) -> None:
+        """Empty the cgroup (unless the caller just did) and make it available again, with its counters as the
+        next use's baseline; a cgroup that cannot be emptied is retired."""
         try:
-            cg.kill_all()
+            if not emptied:
+                cg.kill_all()
+            cg.baseline = cg.counters()
         except CgroupError:
             return
         self._free.append(cg)

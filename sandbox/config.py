@@ -32,7 +32,8 @@ class SandboxConfig:
     pids_limit: int = 128                # processes + threads per sandbox (pids cgroup)
     nofile_limit: int = 1024
     cpu_quota: float = 1.0               # CPUs per sandbox (cpu cgroup)
-    warm_pool: int = 0                   # pre-started sandboxes; 0 = max_concurrency + 2
+    warm_pool: int = 0                   # pre-started sandboxes; 0 = 2 * max_concurrency + 4
+    zygote: bool = True                  # /run_code sandboxes forked from one root interpreter (bwrap: off)
     # sessions
     max_sessions: int = 32
     default_idle_ttl_s: float = 600.0
@@ -45,7 +46,7 @@ class SandboxConfig:
         if self.max_concurrency == 0:
             self.max_concurrency = default_concurrency()
         if self.warm_pool == 0:
-            self.warm_pool = self.max_concurrency + 2
+            self.warm_pool = 2 * self.max_concurrency + 4
         for name in ("max_concurrency", "max_body_bytes", "max_output_bytes", "output_kill_bytes", "max_file_bytes",
                      "tmpfs_mb", "pids_limit", "nofile_limit", "max_sessions", "default_memory_mb", "max_memory_mb"):
             if getattr(self, name) <= 0:

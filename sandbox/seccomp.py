@@ -1,10 +1,11 @@
-"""A small seccomp-BPF deny list for sandboxed code, handed to bwrap with `--seccomp FD`.
+"""A small seccomp-BPF deny list for sandboxed code, handed to bwrap with `--seccomp FD` or loaded by the zygote.
 
 Namespaces, dropped capabilities and no-new-privs already make these calls fail or stay inside the sandbox;
 the filter is the extra layer that also refuses them outright (EPERM), e.g. `ptrace` of the sandbox's own init,
-`io_uring` (a frequent kernel attack surface), keyrings and BPF. Non-native syscall ABIs (i386 `int 0x80`,
-x32) are refused entirely. Only x86_64 is described here; elsewhere the service runs without this layer and
-/health says `seccomp: false`.
+`io_uring` (a frequent kernel attack surface), keyrings and BPF, and `clone` with namespace flags: no nested
+user namespaces (`clone3`, whose flags a filter cannot read, answers ENOSYS, so libc falls back to `clone`).
+Non-native syscall ABIs (i386 `int 0x80`, x32) are refused entirely. Only x86_64 is described here; elsewhere
+the service runs without this layer and /health says `seccomp: false`.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ DENIED_X86_64 = {
     "io_uring_register": 427,
 }
 
+CLONE, CLONE3 = 56, 435
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET: a sandbox makes no namespaces of its own
+CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+
 # classic BPF opcodes
 _LD_W_ABS = 0x20
 _JEQ_K = 0x15
 _JGE_K = 0x35
+_JSET_K = 0x45
 _RET_K = 0x06
 _SECCOMP_RET_ALLOW = 0x7FFF0000
 _SECCOMP_RET_ERRNO = 0x00050000
@@ -60,6 +66,15 @@ def build_filter() -> bytes:
         _insn(_LD_W_ABS, 0, 0, 0),                       # A = seccomp_data.nr
         _insn(_JGE_K, 0, 1, X32_SYSCALL_BIT),            # x32 ABI -> refuse
         _insn(_RET_K, 0, 0, deny_enosys),
+        # clone3 passes its flags in memory a filter cannot read: ENOSYS, so libc falls back to clone
+        _insn(_JEQ_K, 0, 1, CLONE3),
+        _insn(_RET_K, 0, 0, deny_enosys),
+        # clone with any CLONE_NEW* flag (a new user namespace above all): EPERM; plain fork/threads pass
+        _insn(_JEQ_K, 0, 4, CLONE),
+        _insn(_LD_W_ABS, 0, 0, 16),                      # A = low 32 bits of args[0] (the flags)
+        _insn(_JSET_K, 0, 1, CLONE_NEW_FLAGS),
+        _insn(_RET_K, 0, 0, deny_eperm),
+        _insn(_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
     ]
     for i, nr in enumerate(numbers):
         remaining = len(numbers) - i - 1

@@ -27,6 +27,7 @@ from pathlib import Path
 from sandbox import seccomp
 from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_request, read_frame, runner_payload
 from sandbox.backends.session_proc import SessionProc
+from sandbox.backends.zygote import Zygote, layout
 from sandbox.cgroups import Cgroup, CgroupError, CgroupPool, detect_version
 from sandbox.config import SandboxConfig
 from sandbox.output import HeadTail, drain
@@ -115,16 +116,75 @@ class FdReader:
                 self.reader.feed_eof()
 
 
-class Warm:
-    """One started sandbox waiting for its single request (or a session's interpreter)."""
+class FdWriter:
+    """Writes to a pipe fd we own without blocking the event loop; closes it exactly once."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, results: FdReader, cgroup: Cgroup | None,
-                 workdir: str | None):
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    async def write_all(self, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        while view and self.fd >= 0:
+            try:
+                view = view[os.write(self.fd, view[:1 << 16]):]
+            except BlockingIOError:
+                ready = loop.create_future()
+                loop.add_writer(self.fd, ready.set_result, None)
+                try:
+                    await ready
+                finally:
+                    if self.fd >= 0:
+                        loop.remove_writer(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Warm:
+    """One started sandbox waiting for its single request (or a session's interpreter): a bwrap process, or a
+    sandbox the zygote made (no process of ours: its exit status comes as a `runner_exit` frame)."""
+
+    def __init__(self, results: FdReader, cgroup: Cgroup | None, *, proc: asyncio.subprocess.Process | None = None,
+                 workdir: str | None = None, stdio: tuple[FdWriter, FdReader, FdReader] | None = None):
         self.proc = proc
         self._results = results
         self.results = results.reader
         self.cgroup = cgroup
         self.workdir = workdir  # host temp dir, only without bwrap
+        self._stdio = stdio
+        if stdio is not None:
+            self.stdout, self.stderr = stdio[1].reader, stdio[2].reader
+        else:
+            self.stdout, self.stderr = proc.stdout, proc.stderr
+        self.exit_code: int | None = None  # a zygote sandbox's runner exit status, once reported
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else self.exit_code
+
+    @property
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.returncode is None
+        return not self.results.at_eof() and not self.results._buffer  # noqa: SLF001 - nothing said since ready
+
+    async def feed(self, data: bytes) -> None:
+        """Write the request frame and the program's stdin; the program may never read it (that is fine)."""
+        try:
+            if self._stdio is not None:
+                await self._stdio[0].write_all(data)
+                self._stdio[0].close()
+                return
+            for i in range(0, len(data), 1 << 16):
+                self.proc.stdin.write(data[i:i + (1 << 16)])
+                await self.proc.stdin.drain()
+            self.proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     def signal_all(self) -> None:
         """One quick SIGKILL pass over the sandbox, inline (no thread hop): enough when nothing is forking."""
@@ -132,18 +192,30 @@ class Warm:
             for pid in self.cgroup.procs():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
-    async def kill(self) -> None:
-        """Kill everything the sandbox started (through its cgroup: daemonised children too) and reap bwrap."""
+    async def kill(self) -> bool:
+        """Kill everything the sandbox started (through its cgroup: daemonised children too) and reap bwrap;
+        True when the cgroup is known to be empty now."""
+        emptied = False
         if self.cgroup is not None:
             with contextlib.suppress(CgroupError):
-                await asyncio.to_thread(self.cgroup.kill_all)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.proc.wait(), 5)
+                await self.cgroup.kill_all_async()
+                emptied = True
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), 5)
+        return emptied
+
+    def close_pipes(self) -> None:
+        self._results.close()
+        if self._stdio is not None:
+            for end in self._stdio:
+                end.close()
 
 
 class BwrapBackend:
@@ -166,6 +238,7 @@ class BwrapBackend:
         self._closing = False
         self.spawn_failures = 0
         self.last_spawn_error = ""
+        self.zygote: Zygote | None = None
 
     @property
     def isolation(self) -> str:
@@ -200,6 +273,11 @@ class BwrapBackend:
             raise BackendError("bwrap works but cgroups are unavailable (need root and cgroup v1/v2 with memory "
                                "and pids controllers): fork and memory bombs would not be contained. "
                                "Pass --allow-unsafe to run anyway")
+        if self.isolate and self.cgroups is not None and os.geteuid() == 0 and self.cfg.zygote:
+            config = {**layout(self.cfg, self.prefix, WORKDIR, ETC_FILES), "uid": SANDBOX_UID,
+                      "seccomp": seccomp.build_filter() if self.seccomp else None}
+            self.zygote = Zygote(self.python, sandbox_env(self.prefix), config, on_exit=self._zygote_exited)
+            await self.zygote.ensure()
         self._refill_task = asyncio.create_task(self._refill_loop())
         self._wake.set()
 
@@ -209,7 +287,10 @@ class BwrapBackend:
                 "cgroups_total": self.cgroups.total if self.cgroups else 0,
                 "cgroups_in_use": self.cgroups.in_use if self.cgroups else 0,
                 "cgroup_parents": [str(p) for p in self.cgroups.parents.values()] if self.cgroups else [],
-                "seccomp": self.seccomp, "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
+                "seccomp": self.seccomp, "zygote": self.zygote is not None,
+                "zygote_starts": self.zygote.starts if self.zygote else 0,
+                "zygote_pid": self.zygote.pid if self.zygote else None, "warm_pool": self.cfg.warm_pool,
+                "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
                 "last_spawn_error": self.last_spawn_error, "python": self.python}
 
     async def _spawn(self, src: str, argv: list[str], memory_mb: int) -> Warm:
@@ -245,7 +326,7 @@ class BwrapBackend:
             os.close(w_res)
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        warm = Warm(proc, FdReader(r_res), cg, workdir)
+        warm = Warm(FdReader(r_res), cg, proc=proc, workdir=workdir)
         try:
             ready = await asyncio.wait_for(read_frame(warm.results), 30)
         except asyncio.TimeoutError:
@@ -258,16 +339,60 @@ class BwrapBackend:
             raise BackendError(f"sandbox did not start (exit {proc.returncode}): {err.decode(errors='replace')}")
         return warm
 
+    def _zygote_exited(self) -> None:
+        """The zygote died (killed, crashed): its warm sandboxes died with it. Replace them now."""
+        if self._closing:
+            return
+        self.spawn_failures += 1
+        self.last_spawn_error = "the sandbox zygote exited; restarting it"
+        stale = []
+        while not self._ready.empty():
+            stale.append(self._ready.get_nowait())
+        for warm in stale:
+            task = asyncio.create_task(self._dispose(warm))
+            self._disposing.add(task)
+            task.add_done_callback(self._disposing.discard)
+        self._wake.set()
+
+    async def _spawn_run(self) -> Warm:
+        """A warm single-use sandbox for one /run_code request: from the zygote when there is one."""
+        if self.zygote is None:
+            return await self._spawn(RUNNER_SRC, [], self.cfg.default_memory_mb)
+        await self.zygote.ensure()
+        cg = self.cgroups.acquire()
+        cg.set_limits(memory_bytes=self.cfg.default_memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
+        (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(4))
+        try:
+            await self.zygote.spawn(cg.procs_files, (in_r, out_w, err_w, res_w))
+        except BaseException:
+            for fd in (in_w, out_r, err_r, res_r):
+                os.close(fd)
+            self.cgroups.release(cg)
+            raise
+        finally:
+            for fd in (in_r, out_w, err_w, res_w):
+                os.close(fd)
+        warm = Warm(FdReader(res_r), cg, stdio=(FdWriter(in_w), FdReader(out_r), FdReader(err_r)))
+        try:
+            ready = await asyncio.wait_for(read_frame(warm.results), 30)
+        except asyncio.TimeoutError:
+            ready = None
+        if not ready or not ready.get("ready"):
+            await self._dispose(warm)
+            why = (ready or {}).get("setup_failed") or (ready or {}).get("runner_exit") or "no ready frame in 30 s"
+            raise BackendError(f"sandbox did not start: {why}")
+        return warm
+
     async def _dispose(self, warm: Warm) -> None:
-        await warm.kill()
-        warm._results.close()
+        emptied = await warm.kill()
+        warm.close_pipes()
         if warm.cgroup is not None and self.cgroups is not None:
-            self.cgroups.release(warm.cgroup)
+            self.cgroups.release(warm.cgroup, emptied=emptied)
         if warm.workdir:
             shutil.rmtree(warm.workdir, ignore_errors=True)
         # asyncio.subprocess.Process has no public close(): closing its transport releases the three pipes now
         # rather than at garbage collection (the soak test counts fds).
-        transport = getattr(warm.proc, "_transport", None)
+        transport = getattr(warm.proc, "_transport", None) if warm.proc is not None else None
         if transport is not None:
             transport.close()
 
@@ -281,7 +406,7 @@ class BwrapBackend:
 
     async def _spawn_one(self) -> None:
         try:
-            warm = await self._spawn(RUNNER_SRC, [], self.cfg.default_memory_mb)
+            warm = await self._spawn_run()
         except (BackendError, OSError, CgroupError) as e:
             self.spawn_failures += 1
             self.last_spawn_error = str(e)[:500]
@@ -302,11 +427,11 @@ class BwrapBackend:
             warm = self._ready.get_nowait()
             if self._ready.qsize() < self.cfg.warm_pool // 2:
                 self._wake.set()
-            if warm.proc.returncode is None:
+            if warm.alive:
                 return warm
             await self._dispose(warm)
         self._wake.set()
-        return await self._spawn(RUNNER_SRC, [], self.cfg.default_memory_mb)
+        return await self._spawn_run()
 
     async def execute(self, req: ExecRequest) -> ExecResult:
         try:
@@ -323,10 +448,10 @@ class BwrapBackend:
             self._wake.set()
 
     async def _execute_in(self, warm: Warm, req: ExecRequest) -> ExecResult:
-        cfg, cg, proc = self.cfg, warm.cgroup, warm.proc
+        cfg, cg = self.cfg, warm.cgroup
         if cg is not None:
             cg.set_memory(req.memory_mb << 20)
-            base = cg.counters()
+            base = cg.baseline or cg.counters()
         out, err = HeadTail(cfg.max_output_bytes), HeadTail(cfg.max_output_bytes)
         reasons: list[str] = []
 
@@ -338,20 +463,20 @@ class BwrapBackend:
         payload = runner_payload(req, cfg)
         payload["nonce"] = secrets.token_hex(8)
         marker = f"\x00agentrl-run-end:{payload['nonce']}\x00".encode()
-        drains = [asyncio.create_task(drain(proc.stdout, out, cfg.output_kill_bytes, over_limit, marker)),
-                  asyncio.create_task(drain(proc.stderr, err, cfg.output_kill_bytes, over_limit, marker))]
-        feeder = asyncio.create_task(self._feed(proc, encode_request(payload) + req.stdin))
+        drains = [asyncio.create_task(drain(warm.stdout, out, cfg.output_kill_bytes, over_limit, marker)),
+                  asyncio.create_task(drain(warm.stderr, err, cfg.output_kill_bytes, over_limit, marker))]
+        feeder = asyncio.create_task(warm.feed(encode_request(payload) + req.stdin))
         started = time.monotonic()
         result = compiled = None
         try:
             if "compile" in payload:  # the compiler's own limit is enforced inside; this one is the backstop
-                result = await asyncio.wait_for(read_frame(warm.results), req.compile_timeout + 2)
+                result = await asyncio.wait_for(self._frame(warm), req.compile_timeout + 2)
                 if result is not None and "compile" in result:
                     compiled, result = result["compile"], None
                     started = time.monotonic()
-                    result = await asyncio.wait_for(read_frame(warm.results), req.run_timeout + 0.1)
+                    result = await asyncio.wait_for(self._frame(warm), req.run_timeout + 0.1)
             else:
-                result = await asyncio.wait_for(read_frame(warm.results), req.run_timeout + 0.1)
+                result = await asyncio.wait_for(self._frame(warm), req.run_timeout + 0.1)
         except asyncio.TimeoutError:
             reasons.append("timeout")
             if "compile" in payload and compiled is None:
@@ -375,9 +500,18 @@ class BwrapBackend:
             return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=result["setup_error"])
         if compiled is not None and compiled["status"] == "Error":
             return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=compiled["stderr"])
-        if result is None and not reasons and proc.returncode == 3:
+        if result is not None and "setup_failed" in result:
+            return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=result["setup_failed"])
+        if result is None and not reasons and warm.returncode == 3:
             return ExecResult(status="Error", return_code=None, exit_reason="exit",
                               infra_error="sandbox runner rejected the request frame")
+        if (result is None and not reasons and warm.proc is None and warm.returncode is None
+                and not (counters and (counters.oom_kills or counters.pids_max_hits))):
+            # A zygote sandbox's runner is pid 1 and not dumpable: the code cannot kill or stop it, and its
+            # parent (which reports the runner's death) is outside the sandbox. Silence from both is the service's
+            # fault (the zygote gone, an outside kill), never a result to train on.
+            return ExecResult(status="Error", return_code=None, exit_reason="exit",
+                              infra_error="the sandbox ended without a report (its zygote was restarted?)")
         # The first cause wins: a fork bomb that also exhausts memory is reported as pids_limit.
         if counters is not None and counters.oom_kills > 0:
             reasons.insert(0, "oom")
@@ -396,7 +530,7 @@ class BwrapBackend:
             return_code = None
         else:
             # The runner died before reporting (the code killed it, or the kernel OOM-killed it).
-            rc = proc.returncode if proc.returncode is not None else 137
+            rc = warm.returncode if warm.returncode is not None else 137
             return_code = rc if rc >= 0 else 128 - rc
             sig = return_code - 128 if return_code > 128 else None
         if sig is not None:
@@ -419,15 +553,13 @@ class BwrapBackend:
             memory_peak_mb=round(counters.memory_peak / 2**20, 1) if counters and counters.memory_peak else None)
 
     @staticmethod
-    async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
-        """Write the request frame and the program's stdin; the program may never read it (that is fine)."""
-        try:
-            for i in range(0, len(data), 1 << 16):
-                proc.stdin.write(data[i:i + (1 << 16)])
-                await proc.stdin.drain()
-            proc.stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+    async def _frame(warm: Warm) -> dict | None:
+        """The next result frame; a zygote sandbox whose runner died reports its exit status instead (None)."""
+        frame = await read_frame(warm.results)
+        if frame is not None and "runner_exit" in frame:
+            warm.exit_code = frame["runner_exit"]
+            return None
+        return frame
 
     async def open_session(self, language: str, memory_mb: int) -> SessionProc:
         if language != "python":
@@ -452,5 +584,7 @@ class BwrapBackend:
             await self._dispose(self._ready.get_nowait())
         if self._disposing:
             await asyncio.wait(set(self._disposing), timeout=10)
+        if self.zygote is not None:
+            await self.zygote.close()
         if self.cgroups is not None:
             await asyncio.to_thread(self.cgroups.close)

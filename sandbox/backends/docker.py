@@ -65,7 +65,7 @@ class DockerBackend:
 
     def info(self) -> dict:
         return {"backend": "docker", "isolation": "docker", "cgroup_version": None, "image": self.cfg.docker_image,
-                "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
+                "warm_pool": self.cfg.warm_pool, "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
                 "last_spawn_error": self.last_spawn_error}
 
     def _create(self):

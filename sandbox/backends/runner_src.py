@@ -324,25 +324,36 @@ def _trailing_meta(fd):
     return frames
 
 
-def main():
-    import time
-
+def _prepare():
+    """Everything the runner needs before a request, once per interpreter (the zygote's: once per service)."""
     _add_site_packages()
     _site_builtins()
-    # Imported before `ready`, so not on the request's path. Every sandbox serves one request, so what it
-    # imports is paid per request: no json, base64 or ctypes here (each costs milliseconds, `re` above all).
+    # Imported before `ready`, so not on the request's path. What the interpreter holds is freed again at each
+    # program's shutdown (copy-on-write faults), so it stays small: no json, base64 or ctypes (`re` above all).
     import binascii  # noqa: F401
     import marshal  # noqa: F401
     import resource  # noqa: F401
+    import time  # noqa: F401
     import types  # noqa: F401
 
+
+def main():
+    _prepare()
     target = sys.argv[1]
     if target.startswith("file:"):  # docker backend: no extra fd crosses `docker exec`, frames go to a file
         result_fd = os.open(target[5:], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     else:
         result_fd = int(target)
-        os.set_inheritable(result_fd, False)
+    _supervise(result_fd)
+
+
+def _supervise(result_fd, child_setup=None):
+    """Fork the program's process (it waits for the request on stdin), report `ready`, wait for it, report the
+    result on `result_fd`; `child_setup` runs first in the program's process. Never returns."""
     import gc
+    import time
+
+    os.set_inheritable(result_fd, False)
 
     gc.freeze()  # the runner's objects move to a permanent generation: the child's GC never touches their pages
     # The program's process is forked now, before any request, and waits for it on stdin: no fork on the
@@ -355,6 +366,8 @@ def main():
     if pid == 0:
         for fd in (out_copy, err_copy, meta_r, result_fd):
             os.close(fd)
+        if child_setup is not None:
+            child_setup()
         _program(meta_w)
     os.close(meta_w)
     null = os.open("/dev/null", os.O_RDWR)

@@ -20,3 +20,9 @@ def assert_benign(http: httpx.Client) -> None:
     body = run(http, "print(sum(range(10)))")
     assert body["status"] == "Success", body
     assert body["run_result"]["stdout"] == "45\n"
+
+
+def check(body: dict, status: str, exit_reason: str, run_status: str = "Finished") -> None:
+    assert body["status"] == status, body
+    assert body["exit_reason"] == exit_reason, body
+    assert body["run_result"]["status"] == run_status, body

@@ -94,7 +94,7 @@ async def test_admission_queue_limit_and_timeout():
 
 def test_config_validation():
     cfg = SandboxConfig()
-    assert cfg.max_concurrency >= 2 and cfg.warm_pool == cfg.max_concurrency + 2
+    assert cfg.max_concurrency >= 2 and cfg.warm_pool == 2 * cfg.max_concurrency + 4
     with pytest.raises(ValueError, match="pids_limit"):
         SandboxConfig(pids_limit=0)
     with pytest.raises(ValueError, match="output_kill_bytes"):
@@ -103,18 +103,43 @@ def test_config_validation():
         SandboxConfig(default_run_timeout_s=500)
 
 
-@pytest.mark.skipif(not seccomp.supported(), reason="the seccomp table covers x86_64 only")
-def test_seccomp_filter_shape():
-    prog = seccomp.build_filter()
+def _run_bpf(prog: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+    """Evaluate a classic-BPF seccomp program on one seccomp_data (the opcodes build_filter uses)."""
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
     insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
-    denied = sorted(seccomp.DENIED_X86_64.values())
-    assert len(insns) == 6 + len(denied) + 2
-    jeqs = insns[6:6 + len(denied)]
-    assert [k for _, _, _, k in jeqs] == denied
-    deny_index = len(insns) - 1
-    for i, (_, jt, _, _) in enumerate(jeqs):  # every match lands on the EPERM return
-        assert 6 + i + 1 + jt == deny_index
-    assert insns[-1][3] == 0x00050000 | 1 and insns[-2][3] == 0x7FFF0000
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # LD W ABS
+            acc = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+        elif code == 0x06:  # RET K
+            return k
+        elif code in (0x15, 0x35, 0x45):  # JEQ, JGE, JSET (K)
+            taken = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
+            pc += 1 + (jt if taken else jf)
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+
+
+@pytest.mark.skipif(not seccomp.supported(), reason="the seccomp table covers x86_64 only")
+def test_seccomp_filter_decisions():
+    prog = seccomp.build_filter()
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    x86_64 = seccomp.AUDIT_ARCH_X86_64
+    for name, nr in seccomp.DENIED_X86_64.items():
+        assert _run_bpf(prog, x86_64, nr) == eperm, name
+    for nr in (0, 1, 2, 57, 59, 60, 231):  # read, write, open, fork, execve, exit, exit_group
+        assert _run_bpf(prog, x86_64, nr) == allow, nr
+    fork_flags = 0x01200011  # CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID | SIGCHLD, as glibc's fork
+    thread_flags = 0x003D0F00  # CLONE_VM | FS | FILES | SIGHAND | THREAD | SYSVSEM | SETTLS | PARENT_SETTID ...
+    assert _run_bpf(prog, x86_64, seccomp.CLONE, fork_flags) == allow
+    assert _run_bpf(prog, x86_64, seccomp.CLONE, thread_flags) == allow
+    for flag in (0x10000000, 0x20000000, 0x40000000, 0x00020000, 0x08000000, 0x04000000, 0x02000000):
+        assert _run_bpf(prog, x86_64, seccomp.CLONE, fork_flags | flag) == eperm, hex(flag)
+    assert _run_bpf(prog, x86_64, seccomp.CLONE3) == enosys  # libc falls back to clone
+    assert _run_bpf(prog, 0x40000003, 1) == enosys  # i386 ABI
+    assert _run_bpf(prog, x86_64, seccomp.X32_SYSCALL_BIT | 1) == enosys  # x32 ABI
 
 
 def test_compile_failure_mapping():

@@ -1,0 +1,308 @@
+"""The sandbox zygote: runs on the HOST as root (passed as `python -I -S -c <prelude + runner + this> CTRL_FD`).
+
+Starting bwrap and a fresh interpreter for every request costs ~25 ms of CPU, five times what the program
+itself needs. The zygote starts once per service, with the runner already imported, and makes each sandbox by
+forking itself and building the isolation from the kernel's primitives, as bubblewrap does:
+
+    zygote --fork--> S: joins the request's cgroups, unshares mount/pid/net/ipc/uts/cgroup namespaces
+                     S --fork--> I (pid 1 of the new pid namespace): builds a fresh root (tmpfs; /usr, the
+                         interpreter's prefix and a few /etc files bound read-only; its own /proc, a minimal
+                         /dev, size-limited tmpfs for /workspace, /tmp and /dev/shm), pivot_root()s into it and
+                         detaches the host's tree, brings up loopback, enters a new user namespace mapping the
+                         sandbox uid 65534 onto the service's uid, drops every capability, sets no-new-privs,
+                         loads the seccomp filter, then runs the runner's supervisor (runner_src.py), which forks
+                         the program's process (pid 2) and waits for the request.
+
+S waits for I and reports I's exit status if I dies before reporting a result. Each request still gets every
+namespace of its own, its own cgroup and a root nothing else uses; only the (read-only) interpreter pages are
+shared, copy-on-write, with the zygote. The user namespace is created last, so the program's namespace owns no
+other namespace: its capabilities there would not reach mounts, network or pids even if it regained them.
+
+The zygote reads one command per sandbox on CTRL_FD (a SOCK_SEQPACKET socket; marshal payload + four fds:
+stdin, stdout, stderr, result frames) and never runs request code itself. Stdlib only, no repo imports.
+"""
+
+import os
+import sys
+# _mframe, _frame, _read_exact (prelude_src.py) and _prepare, _supervise (runner_src.py) are prepended.
+
+_CLONE = {"ns": 0x00020000, "cgroup": 0x02000000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
+          "pid": 0x20000000, "net": 0x40000000}
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_MNT_DETACH = 2
+_SYS_PIVOT_ROOT, _SYS_CAPSET = 155, 126
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP = 1, 4, 24
+_PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 22, 38, 47
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"), ("ptmx", "pts/ptmx"))
+PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")  # bound read-only over the sandbox's /proc, as bwrap does
+
+
+class _Kernel:
+    """The few libc calls Python 3.11 has no wrapper for (ctypes, loaded once in the zygote)."""
+
+    def __init__(self, seccomp_filter):
+        import ctypes
+
+        self.ctypes = ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        c = ctypes
+        libc.mount.argtypes = (c.c_char_p, c.c_char_p, c.c_char_p, c.c_ulong, c.c_char_p)
+        libc.umount2.argtypes = (c.c_char_p, c.c_int)
+        libc.unshare.argtypes = (c.c_int,)
+        libc.prctl.argtypes = (c.c_int, c.c_ulong, c.c_ulong, c.c_ulong, c.c_ulong)
+        libc.syscall.restype = c.c_long
+        self.libc = libc
+
+        class FProg(c.Structure):
+            _fields_ = [("len", c.c_ushort), ("filter", c.c_void_p)]
+
+        self._filter_buf = c.create_string_buffer(seccomp_filter, len(seccomp_filter)) if seccomp_filter else None
+        self._fprog = FProg(len(seccomp_filter) // 8, c.addressof(self._filter_buf)) if seccomp_filter else None
+        self._cap_header = (c.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+        self._cap_data = (c.c_uint32 * 6)()  # two {effective, permitted, inheritable} sets, all zero
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            self.cap_last = int(f.read())
+
+    def _check(self, ret, what):
+        if ret != 0:
+            err = self.ctypes.get_errno()
+            raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+    def mount(self, source, target, fstype, flags, data=None):
+        self._check(self.libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
+                                    flags, data and data.encode()), "mount %s" % target)
+
+    def umount(self, target):
+        self._check(self.libc.umount2(target.encode(), _MNT_DETACH), "umount %s" % target)
+
+    def unshare(self, flags):
+        self._check(self.libc.unshare(flags), "unshare")
+
+    def pivot_root(self, new_root, put_old):
+        self._check(self.libc.syscall(_SYS_PIVOT_ROOT, new_root.encode(), put_old.encode()), "pivot_root")
+
+    def prctl(self, option, arg2=0):
+        self._check(self.libc.prctl(option, arg2, 0, 0, 0), "prctl %d" % option)
+
+    def drop_privileges(self):
+        """Every capability gone (bounding, ambient, effective, permitted, inheritable), no-new-privs, seccomp."""
+        for cap in range(self.cap_last + 1):
+            self.prctl(_PR_CAPBSET_DROP, cap)
+        self._check(self.libc.prctl(_PR_CAP_AMBIENT, 4, 0, 0, 0), "clear ambient capabilities")  # CLEAR_ALL
+        self._check(self.libc.syscall(_SYS_CAPSET, self._cap_header, self._cap_data), "capset")
+        self.prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        if self._fprog is not None:
+            self._check(self.libc.prctl(_PR_SET_SECCOMP, 2, self.ctypes.addressof(self._fprog), 0, 0), "seccomp")
+
+
+def _write_text(path, text):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise OSError(e.errno, "writing %r to %s: %s" % (text, path, e.strerror)) from None
+
+
+def _touch(path):
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def _bind_ro(kernel, source, target, flags=_MS_NOSUID | _MS_NODEV):
+    kernel.mount(source, target, None, _MS_BIND)
+    kernel.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | flags)
+
+
+def _build_root(kernel, cfg):
+    """The sandbox's file system, as bwrap_args() in bwrap.py describes it, at cfg["base"]; then pivot into it."""
+    root = cfg["base"]
+    kernel.mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+    for top, link in cfg["tops"]:
+        if link is not None:
+            os.symlink(link, root + top)
+        else:
+            os.mkdir(root + top, 0o755)
+            _bind_ro(kernel, top, root + top)
+    for path in cfg["ro_dirs"]:  # the interpreter's prefix (its parents exist only as the way to it)
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts)):
+            parent = root + "/" + "/".join(parts[:i])
+            if not os.path.isdir(parent):
+                os.mkdir(parent, 0o700)
+        os.mkdir(root + path, 0o755)
+        _bind_ro(kernel, path, root + path)
+    os.mkdir(root + "/etc", 0o700)
+    for path in cfg["etc_files"]:
+        target = root + path
+        if os.path.isdir(path):
+            os.mkdir(target, 0o755)
+        else:
+            _touch(target)
+        _bind_ro(kernel, path, target)
+    os.mkdir(root + "/proc", 0o755)
+    kernel.mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    for name in PROC_COVERED:
+        path = root + "/proc/" + name
+        if os.path.exists(path):
+            _bind_ro(kernel, path, path, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    dev = root + "/dev"
+    os.mkdir(dev, 0o755)
+    kernel.mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
+    for name in DEV_NODES:
+        _touch(dev + "/" + name)
+        kernel.mount("/dev/" + name, dev + "/" + name, None, _MS_BIND)
+        kernel.mount(None, dev + "/" + name, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID)
+    for name, target in DEV_LINKS:
+        os.symlink(target, dev + "/" + name)
+    os.mkdir(dev + "/pts", 0o755)
+    kernel.mount("devpts", dev + "/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+    size = "size=%d,mode=0755" % cfg["tmpfs_bytes"]
+    for path in ("/dev/shm", "/tmp", cfg["workdir"]):
+        if not os.path.isdir(root + path):
+            os.mkdir(root + path, 0o755)
+        kernel.mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV, size)
+    os.mkdir(root + "/.oldroot", 0o700)
+    os.chdir(root)
+    kernel.pivot_root(".", ".oldroot")
+    kernel.umount("/.oldroot")  # the host's whole tree, detached: nothing of it is reachable any more
+    os.rmdir("/.oldroot")
+    kernel.mount(None, "/dev", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    kernel.mount(None, "/", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+
+
+def _loopback_up():
+    """`lo` up in the sandbox's network namespace (127.0.0.1 only; no other interface exists), as bwrap does."""
+    import fcntl
+    import _socket
+
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        fcntl.ioctl(sock.fileno(), 0x8914, b"lo".ljust(16, b"\0") + (0x1 | 0x8 | 0x40).to_bytes(2, "little")
+                    + bytes(22))  # SIOCSIFFLAGS: IFF_UP | IFF_LOOPBACK | IFF_RUNNING
+    finally:
+        sock.close()
+
+
+def _init(kernel, cfg):
+    """I: pid 1 of the sandbox's pid namespace. Builds the sandbox, drops every privilege, runs the runner's
+    supervisor. Returns only in the program's process, by its SystemExit going up to CPython's own handling."""
+    import _signal
+
+    try:
+        kernel.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
+        # As pid 1 only signals with a handler reach I from inside: none must (Python's SIGINT handler would).
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        os.setgroups([])
+        _build_root(kernel, cfg)
+        import _socket
+
+        _socket.sethostname(cfg["hostname"])
+        _loopback_up()
+        outer_uid, outer_gid = os.geteuid(), os.getegid()  # the service's: inside, the sandbox uid maps onto it
+        kernel.unshare(_CLONE["user"])
+        _write_text("/proc/self/setgroups", "deny")
+        _write_text("/proc/self/uid_map", "%d %d 1" % (cfg["uid"], outer_uid))
+        _write_text("/proc/self/gid_map", "%d %d 1" % (cfg["uid"], outer_gid))
+        os.setsid()
+        os.chdir(cfg["workdir"])
+        kernel.drop_privileges()
+        kernel.prctl(_PR_SET_DUMPABLE, 0)  # the program (same uid) cannot open /proc/1/mem or ptrace I
+    except BaseException as e:  # noqa: BLE001 - any setup failure is the host's infra error
+        _setup_failed(e, 126)
+
+    def program_setup():
+        """The program's process starts as a fresh interpreter would: Python's SIGINT handler, dumpable."""
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+        kernel.prctl(_PR_SET_DUMPABLE, 1)
+
+    _supervise(3, program_setup)
+
+
+def _setup_failed(error, status):
+    try:
+        tb = error.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        _frame(3, {"setup_failed": "%s: %s (sandbox setup, line %d)" % (type(error).__name__, error, tb.tb_lineno)})
+    finally:
+        os._exit(status)
+
+
+def _sandbox(kernel, cfg, cgroup_procs):
+    """S: the forked child of the zygote that owns one sandbox. Returns only in the program's process."""
+    import _signal
+
+    try:
+        kernel.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        for path in cgroup_procs:  # every process of this sandbox is born inside its cgroups
+            _write_text(path, "0")
+        kernel.unshare(_CLONE["ns"] | _CLONE["pid"] | _CLONE["net"] | _CLONE["ipc"] | _CLONE["uts"])
+        kernel.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the host
+        kernel.unshare(_CLONE["cgroup"])  # after joining: the sandbox's cgroup is its cgroup root
+        pid = os.fork()
+    except BaseException as e:  # noqa: BLE001
+        _setup_failed(e, 125)
+    if pid == 0:
+        _init(kernel, cfg)
+        return
+    try:
+        _, wait_status = os.waitpid(pid, 0)
+        _frame(3, {"runner_exit": os.waitstatus_to_exitcode(wait_status)})
+    finally:
+        os._exit(0)
+
+
+def _zygote_main():
+    import marshal
+    import _signal
+    import _socket
+
+    ctrl = _socket.socket(fileno=int(sys.argv[1]))
+    size = int.from_bytes(_read_exact(0, 4), "big")
+    cfg = marshal.loads(_read_exact(0, size))  # written by the service at start (trusted)
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    kernel = _Kernel(cfg["seccomp"])
+    import fcntl  # noqa: F401 - for _loopback_up, loaded once here rather than in every sandbox
+
+    _prepare()
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # the kernel reaps each S: no zombies, no bookkeeping
+    import gc
+
+    gc.freeze()
+    _frame(1, {"ready": True})
+    fd_size = len((0).to_bytes(4, sys.byteorder))
+    while True:
+        try:
+            data, ancillary, _, _ = ctrl.recvmsg(1 << 16, _socket.CMSG_SPACE(4 * fd_size))
+        except InterruptedError:
+            continue
+        if not data:
+            os._exit(0)  # the service is gone
+        fds = []
+        for level, kind, payload in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds += [int.from_bytes(payload[i:i + fd_size], sys.byteorder)
+                        for i in range(0, len(payload) - len(payload) % fd_size, fd_size)]
+        request = marshal.loads(data)
+        if len(fds) == 4:
+            pid = os.fork()
+            if pid == 0:
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                os.closerange(4, 1 << 16)
+                _sandbox(kernel, cfg, request["cgroup_procs"])
+                return  # the program's process: its SystemExit ended the program, CPython shuts down
+        for fd in fds:
+            os.close(fd)
+
+
+if __name__ == "__main__":
+    _zygote_main()
