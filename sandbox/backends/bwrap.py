@@ -1,9 +1,11 @@
 """bubblewrap backend: namespaces + read-only minimal root + cgroups, with a pool of warm sandboxes.
 
-Each `/run_code` request gets a sandbox of its own that is never reused: it was started ahead of time (bwrap,
-cgroup attach and interpreter start-up are off the request's path), it runs exactly one program, then its whole
-cgroup is killed and a fresh one is started in the background. Nothing can leak from one request to the next
-because nothing of a sandbox survives it.
+Each `/run_code` request gets a sandbox of its own that is never reused: it was made ahead of time (namespaces,
+root, cgroup attach and interpreter start-up are off the request's path), it runs exactly one program, then its
+whole cgroup is killed and a fresh one is made in the background. Nothing can leak from one request to the next
+because nothing of a sandbox survives it. With cgroups as root the sandboxes come from the zygote (zygote.py,
+zygote_src.py), which builds bwrap's layout itself for a fifth of the CPU; sessions, and runs without cgroups or
+with `zygote=false`, start bwrap.
 
 Layout inside: `/usr` (+ /bin, /lib, /lib64 links), the Python prefix and a few /etc files read-only; `/workspace`
 (cwd) and `/tmp` are size-limited tmpfs; `/proc` of its own pid namespace; no network, no /sys, no host files.
