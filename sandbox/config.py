@@ -33,7 +33,7 @@ class SandboxConfig:
     nofile_limit: int = 1024
     cpu_quota: float = 1.0               # CPUs per sandbox (cpu cgroup)
     warm_pool: int = 0                   # pre-started sandboxes; 0 = 2 * max_concurrency + 4
-    zygote: bool = True                  # /run_code sandboxes forked from one root interpreter (bwrap: off)
+    zygote: bool = True                  # sandboxes forked from one root interpreter (false: bwrap each)
     # sessions
     max_sessions: int = 32
     default_idle_ttl_s: float = 600.0

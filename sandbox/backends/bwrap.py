@@ -4,8 +4,8 @@ Each `/run_code` request gets a sandbox of its own that is never reused: it was 
 root, cgroup attach and interpreter start-up are off the request's path), it runs exactly one program, then its
 whole cgroup is killed and a fresh one is made in the background. Nothing can leak from one request to the next
 because nothing of a sandbox survives it. With cgroups as root the sandboxes come from the zygote (zygote.py,
-zygote_src.py), which builds bwrap's layout itself for a fifth of the CPU; sessions, and runs without cgroups or
-with `zygote=false`, start bwrap.
+zygote_src.py), which builds bwrap's layout itself for far less CPU, sessions' interpreters included; without
+cgroups, or with `zygote=false`, each sandbox is a bwrap process.
 
 Layout inside: `/usr` (+ /bin, /lib, /lib64 links), the Python prefix and a few /etc files read-only; `/workspace`
 (cwd) and `/tmp` are size-limited tmpfs; `/proc` of its own pid namespace; no network, no /sys, no host files.
@@ -172,7 +172,28 @@ class Warm:
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.returncode is None
-        return not self.results.at_eof() and not self.results._buffer  # noqa: SLF001 - nothing said since ready
+        return self.exit_code is None and not self.results.at_eof()
+
+    @property
+    def idle_and_well(self) -> bool:
+        """A warm sandbox that can still take its request: alive and silent since `ready` (a zygote sandbox
+        that died reports it on its result pipe)."""
+        return self.alive and (self.proc is not None or not self.results._buffer)  # noqa: SLF001
+
+    async def write(self, data: bytes) -> None:
+        """Write to the sandbox's stdin, keeping it open (a session's control frames)."""
+        if self._stdio is not None:
+            await self._stdio[0].write_all(data)
+        else:
+            self.proc.stdin.write(data)
+            await self.proc.stdin.drain()
+
+    async def wait_exit(self, timeout: float) -> int | None:
+        """The exit status once known (a bwrap process is waited for; a zygote sandbox reports it)."""
+        if self.proc is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), timeout)
+        return self.returncode
 
     async def feed(self, data: bytes) -> None:
         """Write the request frame and the program's stdin; the program may never read it (that is fine)."""
@@ -360,12 +381,15 @@ class BwrapBackend:
         """A warm single-use sandbox for one /run_code request: from the zygote when there is one."""
         if self.zygote is None:
             return await self._spawn(RUNNER_SRC, [], self.cfg.default_memory_mb)
+        return await self._spawn_zygote({}, self.cfg.default_memory_mb)
+
+    async def _spawn_zygote(self, request: dict, memory_mb: int) -> Warm:
         await self.zygote.ensure()
         cg = self.cgroups.acquire()
-        cg.set_limits(memory_bytes=self.cfg.default_memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
+        cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
         (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(4))
         try:
-            await self.zygote.spawn(cg.procs_files, (in_r, out_w, err_w, res_w))
+            await self.zygote.spawn({**request, "cgroup_procs": cg.procs_files}, (in_r, out_w, err_w, res_w))
         except BaseException:
             for fd in (in_w, out_r, err_r, res_r):
                 os.close(fd)
@@ -429,7 +453,7 @@ class BwrapBackend:
             warm = self._ready.get_nowait()
             if self._ready.qsize() < self.cfg.warm_pool // 2:
                 self._wake.set()
-            if warm.alive:
+            if warm.idle_and_well:
                 return warm
             await self._dispose(warm)
         self._wake.set()
@@ -568,6 +592,9 @@ class BwrapBackend:
             raise ValueError(f"sessions support language 'python' only, got {language!r}")
 
         async def spawn() -> Warm:
+            if self.zygote is not None:
+                session = {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit}
+                return await self._spawn_zygote({"session": session}, memory_mb)
             return await self._spawn(SESSION_SRC, [str(self.cfg.max_file_bytes), str(self.cfg.nofile_limit)],
                                      memory_mb)
 

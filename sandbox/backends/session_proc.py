@@ -75,14 +75,17 @@ class SessionProc:
         self.warm = await self._spawn()
         self._streams = [_Stream(self.cfg.max_output_bytes), _Stream(self.cfg.max_output_bytes)]
         self._frames: asyncio.Queue = asyncio.Queue()
-        self._readers = [asyncio.create_task(self._read(self.warm.proc.stdout, self._streams[0])),
-                         asyncio.create_task(self._read(self.warm.proc.stderr, self._streams[1])),
+        self._readers = [asyncio.create_task(self._read(self.warm.stdout, self._streams[0])),
+                         asyncio.create_task(self._read(self.warm.stderr, self._streams[1])),
                          asyncio.create_task(self._read_frames())]
 
     async def _read_frames(self) -> None:
         # One reader owns the result pipe, so a timed-out wait can never cut a frame in half.
         while True:
             frame = await read_frame(self.warm.results)
+            if frame is not None and "runner_exit" in frame:  # a zygote sandbox reports its interpreter's end
+                self.warm.exit_code = frame["runner_exit"]
+                continue
             await self._frames.put(frame)
             if frame is None:
                 return
@@ -99,7 +102,7 @@ class SessionProc:
 
     @property
     def alive(self) -> bool:
-        return self.warm is not None and self.warm.proc.returncode is None
+        return self.warm is not None and self.warm.alive
 
     async def _stop(self) -> None:
         for task in self._readers:
@@ -115,8 +118,7 @@ class SessionProc:
         await self.start()
 
     async def _send(self, msg: dict) -> None:
-        self.warm.proc.stdin.write(encode_frame(msg))
-        await self.warm.proc.stdin.drain()
+        await self.warm.write(encode_frame(msg))
 
     async def _wait_result(self, cell_id: str, timeout: float) -> dict | None:
         """The result frame for `cell_id`, None if the interpreter died; raises TimeoutError."""
@@ -165,9 +167,7 @@ class SessionProc:
                 counters = cg.counters().delta(base) if cg is not None else None
                 if status != "timeout":
                     status = "error"
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self.warm.proc.wait(), 1)
-                    rc = self.warm.proc.returncode
+                    rc = await self.warm.wait_exit(1)
                     reason = ("oom" if counters and counters.oom_kills else
                               "pids_limit" if counters and counters.pids_max_hits else
                               "signal" if rc is None or rc < 0 or rc > 128 else "exit")

@@ -12,13 +12,13 @@ printed.
 import os
 import sys
 # _add_site_packages, _frame and _read_exact come from prelude_src.py, which the backend prepends.
-import threading
 
 
 class Session:
     def __init__(self, ctl_fd, result_fd):
         import builtins
         import queue
+        import threading
         import types
 
         self.ctl_fd, self.result_fd = ctl_fd, result_fd
@@ -82,6 +82,8 @@ class Session:
         return error
 
     def serve(self):
+        import threading
+
         threading.Thread(target=self.reader, daemon=True).start()
         _frame(self.result_fd, {"ready": True})
         while True:
@@ -113,11 +115,14 @@ class Session:
 
 
 def main():
+    _add_site_packages()
+    _serve_session(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+
+
+def _serve_session(result_fd, fsize, nofile):
+    """The session's interpreter: control frames on stdin, results on `result_fd`. Never returns."""
     import resource
 
-    _add_site_packages()
-    result_fd = int(sys.argv[1])
-    fsize, nofile = int(sys.argv[2]), int(sys.argv[3])
     for name, value in (("RLIMIT_FSIZE", fsize), ("RLIMIT_NOFILE", nofile), ("RLIMIT_CORE", 0)):
         resource.setrlimit(getattr(resource, name), (value, value))
     ctl_fd = os.dup(0)

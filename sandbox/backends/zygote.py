@@ -23,10 +23,12 @@ _HERE = Path(__file__).resolve().parent
 
 
 def zygote_source() -> str:
-    """prelude + runner (without its `__main__` call) + zygote: one program for `python -I -S -c`."""
-    runner = (_HERE / "runner_src.py").read_text()
-    runner = runner[:runner.rindex('if __name__ == "__main__":')]
-    return "\n\n".join([(_HERE / "prelude_src.py").read_text(), runner, (_HERE / "zygote_src.py").read_text()])
+    """prelude + runner + session (without their `__main__` calls) + zygote: one program for `python -I -S -c`."""
+    parts = []
+    for name in ("runner_src.py", "session_src.py"):
+        text = (_HERE / name).read_text()
+        parts.append(text[:text.rindex('if __name__ == "__main__":')])
+    return "\n\n".join([(_HERE / "prelude_src.py").read_text(), *parts, (_HERE / "zygote_src.py").read_text()])
 
 
 def layout(cfg: SandboxConfig, prefix: str, workdir: str, etc_files: tuple[str, ...]) -> dict:
@@ -113,12 +115,13 @@ class Zygote:
         if self.proc is proc and self.on_exit is not None:
             self.on_exit()
 
-    async def spawn(self, cgroup_procs: list[str], fds: tuple[int, int, int, int]) -> None:
-        """Ask for one sandbox with these pipe ends as its stdin, stdout, stderr and result fd (the caller
-        closes its copies). Raises BackendError if the zygote is gone."""
+    async def spawn(self, request: dict, fds: tuple[int, int, int, int]) -> None:
+        """Ask for one sandbox (`request`: `cgroup_procs`, and `session` for a session's interpreter) with these
+        pipe ends as its stdin, stdout, stderr and result fd (the caller closes its copies). Raises
+        BackendError if the zygote is gone."""
         if not self.alive or self.sock is None:
             raise BackendError("the sandbox zygote is not running")
-        message = [marshal.dumps({"cgroup_procs": cgroup_procs})]
+        message = [marshal.dumps(request)]
         loop = asyncio.get_running_loop()
         while True:
             try:

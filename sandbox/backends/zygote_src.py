@@ -19,12 +19,14 @@ shared, copy-on-write, with the zygote. The user namespace is created last, so t
 other namespace: its capabilities there would not reach mounts, network or pids even if it regained them.
 
 The zygote reads one command per sandbox on CTRL_FD (a SOCK_SEQPACKET socket; marshal payload + four fds:
-stdin, stdout, stderr, result frames) and never runs request code itself. Stdlib only, no repo imports.
+stdin, stdout, stderr, result frames) and never runs request code itself. A session's sandbox is the same, with
+the session's interpreter (session_src.py) as pid 2 instead of a program. Stdlib only, no repo imports.
 """
 
 import os
 import sys
-# _mframe, _frame, _read_exact (prelude_src.py) and _prepare, _supervise (runner_src.py) are prepended.
+# _mframe, _frame, _read_exact (prelude_src.py), _prepare, _supervise (runner_src.py) and _serve_session
+# (session_src.py) are prepended.
 
 _CLONE = {"ns": 0x00020000, "cgroup": 0x02000000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
           "pid": 0x20000000, "net": 0x40000000}
@@ -188,7 +190,7 @@ def _loopback_up():
         sock.close()
 
 
-def _init(kernel, cfg):
+def _init(kernel, cfg, session):
     """I: pid 1 of the sandbox's pid namespace. Builds the sandbox, drops every privilege, runs the runner's
     supervisor. Returns only in the program's process, by its SystemExit going up to CPython's own handling."""
     import _signal
@@ -220,7 +222,18 @@ def _init(kernel, cfg):
         _signal.signal(_signal.SIGINT, _signal.default_int_handler)
         kernel.prctl(_PR_SET_DUMPABLE, 1)
 
-    _supervise(3, program_setup)
+    if session is None:
+        _supervise(3, program_setup)
+        return
+    # A session: the interpreter is pid 2 as a program is; pid 1 only waits and ends with its status.
+    pid = os.fork()
+    if pid == 0:
+        program_setup()
+        _serve_session(3, session["fsize"], session["nofile"])
+    os.close(3)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
 
 
 def _setup_failed(error, status):
@@ -233,7 +246,7 @@ def _setup_failed(error, status):
         os._exit(status)
 
 
-def _sandbox(kernel, cfg, cgroup_procs):
+def _sandbox(kernel, cfg, cgroup_procs, session=None):
     """S: the forked child of the zygote that owns one sandbox. Returns only in the program's process."""
     import _signal
 
@@ -249,7 +262,7 @@ def _sandbox(kernel, cfg, cgroup_procs):
     except BaseException as e:  # noqa: BLE001
         _setup_failed(e, 125)
     if pid == 0:
-        _init(kernel, cfg)
+        _init(kernel, cfg, session)
         return
     try:
         _, wait_status = os.waitpid(pid, 0)
@@ -298,7 +311,7 @@ def _zygote_main():
                 for target, fd in enumerate(fds):
                     os.dup2(fd, target)
                 os.closerange(4, 1 << 16)
-                _sandbox(kernel, cfg, request["cgroup_procs"])
+                _sandbox(kernel, cfg, request["cgroup_procs"], request.get("session"))
                 return  # the program's process: its SystemExit ended the program, CPython shuts down
         for fd in fds:
             os.close(fd)
