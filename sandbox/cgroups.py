@@ -57,15 +57,30 @@ def _own_path(controller: str | None) -> str:
     return "/"
 
 
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+def _write(path: Path | str, value: str) -> None:
+    # Plain fd calls: cgroup files are read and written several times per request (no buffered file objects).
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
-def _read_kv(path: Path) -> dict[str, int]:
+def _read(path: Path | str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+    finally:
+        os.close(fd)
+
+
+def _read_kv(path: Path | str) -> dict[str, int]:
     out = {}
     try:
-        for line in path.read_text().splitlines():
+        for line in _read(path).splitlines():
             key, _, value = line.partition(" ")
             if value.strip().lstrip("-").isdigit():
                 out[key] = int(value)
@@ -183,7 +198,7 @@ class Cgroup:
             peak_file = self._d("memory") / "memory.peak"
         pids_max = _read_kv(self._d("pids") / "pids.events").get("max", 0)
         try:
-            peak = int(peak_file.read_text())
+            peak = int(_read(peak_file))
         except (OSError, ValueError):
             peak = 0
         return CgroupCounters(oom, pids_max, peak)
@@ -192,7 +207,7 @@ class Cgroup:
         pids: set[int] = set()
         for f in self.procs_files:
             try:
-                pids.update(int(p) for p in Path(f).read_text().split())
+                pids.update(int(p) for p in _read(f).split())
             except FileNotFoundError:
                 continue
         return pids

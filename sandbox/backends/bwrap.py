@@ -511,7 +511,8 @@ class BwrapBackend:
         elapsed = time.monotonic() - started
         feeder.cancel()
         if result is not None:
-            warm.signal_all()  # the program is done; its leftovers (daemons) die with the sandbox
+            if warm.proc is not None:  # a zygote sandbox's init kills the program's leftovers when it exits
+                warm.signal_all()  # the program is done; its leftovers (daemons) die with the sandbox
             # The runner wrote the end marker after the program exited: normally the output is complete now.
             done, pending = await asyncio.wait(drains, timeout=0.5)
         else:

@@ -118,7 +118,9 @@ def _run_python(path, argv, meta_w):
         if b"\0" in source:  # only the file tokenizer words this error as a script run shows it
             _run_file_parser(path, d)
         else:  # the file's bytes, so the parser decodes them as it decodes a script (PEP 263 cookie, BOM)
-            exec(compile(source, path, "exec", dont_inherit=True), d)
+            code = compile(source, path, "exec", dont_inherit=True)
+            _set_aside_runner_modules()
+            exec(code, d)
     except SystemExit:
         _flush_io()
         raise  # reported by CPython at the top, as `python path` reports it (__file__ stays set, as there)
@@ -150,6 +152,15 @@ def _run_python(path, argv, meta_w):
     raise SystemExit(0)
 
 
+def _set_aside_runner_modules():
+    """Just before the program runs, the modules the runner (and the zygote) imported beyond `site`'s leave
+    sys.modules, as in a fresh `python main.py`; a program that imports one gets it anew. They stay referenced
+    from the runner's namespace, which outlives shutdown: CPython's shutdown clears every module in sys.modules,
+    and tearing down these (ctypes above all) would cost every request about a millisecond of CPU."""
+    global _RUNNER_MODULES
+    _RUNNER_MODULES = {name: sys.modules.pop(name) for name in list(sys.modules) if name not in _SITE_MODULES}
+
+
 def _run_file_parser(path, d):
     """Parse and run `path` with CPython's own file entry point, PyRun_FileExFlags (ctypes, imported only here:
     it costs milliseconds); an exception it raises comes back as a Python exception."""
@@ -165,6 +176,7 @@ def _run_file_parser(path, d):
     fp = libc.fopen(os.fsencode(path), b"rb")
     if not fp:
         raise OSError(ctypes.get_errno(), "cannot open the script", path)
+    _set_aside_runner_modules()
     run_file(fp, os.fsencode(path), 257, d, d, 1, None)  # 257: Py_file_input; closeit=1: the parser closes fp
 
 
@@ -326,8 +338,10 @@ def _trailing_meta(fd):
 
 def _prepare():
     """Everything the runner needs before a request, once per interpreter (the zygote's: once per service)."""
+    global _SITE_MODULES
     _add_site_packages()
     _site_builtins()
+    _SITE_MODULES = frozenset(sys.modules)  # what a fresh `python main.py` has too (site and what it imports)
     # Imported before `ready`, so not on the request's path. What the interpreter holds is freed again at each
     # program's shutdown (copy-on-write faults), so it stays small: no json, base64 or ctypes (`re` above all).
     import binascii  # noqa: F401

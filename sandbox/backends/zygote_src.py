@@ -274,18 +274,19 @@ def _sandbox(kernel, cfg, cgroup_procs, session=None):
 def _zygote_main():
     import marshal
     import _signal
-    import _socket
 
-    ctrl = _socket.socket(fileno=int(sys.argv[1]))
     size = int.from_bytes(_read_exact(0, 4), "big")
     cfg = marshal.loads(_read_exact(0, size))  # written by the service at start (trusted)
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
     os.close(null)
+    _prepare()  # first: what it imports beyond `site` is set aside before each program runs (runner_src.py)
+    import _socket
+
+    ctrl = _socket.socket(fileno=int(sys.argv[1]))
     kernel = _Kernel(cfg["seccomp"])
     import fcntl  # noqa: F401 - for _loopback_up, loaded once here rather than in every sandbox
 
-    _prepare()
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # the kernel reaps each S: no zombies, no bookkeeping
     import gc
 

@@ -84,3 +84,29 @@ def test_docker_backend_without_engine_refuses_to_start():
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "docker" in out.stderr.lower() and "--allow-unsafe" in out.stderr
+
+
+def test_bwrap_per_sandbox_without_the_zygote():
+    """`zygote=false`: every sandbox is a bwrap process (the path without cgroups too): same results."""
+    from conftest import SERVICE_SETTINGS, bwrap_unavailable_reason
+
+    if reason := bwrap_unavailable_reason():
+        pytest.skip(reason)
+    port = free_port()
+    args = ["python", "-m", "sandbox", "serve", "--port", str(port), "--set", "zygote=false"]
+    for item in SERVICE_SETTINGS:
+        args += ["--set", item]
+    url = f"http://127.0.0.1:{port}"
+    with service(args, f"{url}/v1/ping"), httpx.Client(base_url=url, timeout=60) as http:
+        assert http.get("/health").json()["zygote"] is False
+        body = run(http, "import os, sys\nprint(input(), sorted(os.listdir('/')))\nopen('out.txt', 'w').write('x')\n"
+                   "sys.exit(3)", stdin="hello\n", fetch_files=["out.txt"])
+        assert body["status"] == "Failed" and body["run_result"]["return_code"] == 3, body
+        assert body["run_result"]["stdout"].startswith("hello ['bin', 'dev', 'etc', ") and body["files"]["out.txt"]
+        body = run(http, "import os\nwhile True:\n    os.fork()", run_timeout=2)
+        assert body["status"] == "Failed" and body["exit_reason"] == "pids_limit", body
+        sid = http.post("/sessions", json={"language": "python"}).json()["session_id"]
+        http.post(f"/sessions/{sid}/run", json={"code": "x = 41", "timeout": 10})
+        cell = http.post(f"/sessions/{sid}/run", json={"code": "x + 1", "timeout": 10}).json()
+        assert cell["status"] == "ok" and cell["stdout"] == "42\n", cell
+        assert_benign(http)

@@ -83,10 +83,12 @@ async def test_soak_500_requests_leave_nothing_behind(http, sandbox_url):
     after = settled(http, warm_pool)
     assert after["zombies"] == 0 and after["sandbox_errors"] == 0
     assert after["tmp"] == before["tmp"] and after["mounts"] == before["mounts"]
-    # Recycled, not leaked: only the warm sandboxes hold a cgroup, and the pool grew at most by the disposals
-    # that were in flight at one time (bounded by the concurrency, not by the number of requests).
+    # Recycled, not leaked: only the warm sandboxes hold a cgroup, and the pool grew at most by the sandboxes in
+    # flight at one time: running, being made, or being torn down (a cgroup is reused only once the kernel has
+    # finished with its last process, namespaces included). That is bounded by the rate and the concurrency,
+    # not by the number of requests.
     assert after["cgroups_in_use"] == after["warm"] == warm_pool, (before, after)
-    assert after["cgroups"] <= before["cgroups"] + CONCURRENCY + warm_pool, (before, after)
+    assert after["cgroups"] <= before["cgroups"] + 2 * (CONCURRENCY + warm_pool), (before, after)
     assert after["sandbox_procs"] <= before["sandbox_procs"] + 4, (before, after)  # only warm runners remain
     assert after["fds"] <= before["fds"] + 8, (before, after)
     assert after["children"] <= before["children"] + 2, (before, after)
