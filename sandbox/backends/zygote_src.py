@@ -54,6 +54,7 @@ class _Kernel:
         libc.mount.argtypes = (c.c_char_p, c.c_char_p, c.c_char_p, c.c_ulong, c.c_char_p)
         libc.umount2.argtypes = (c.c_char_p, c.c_int)
         libc.unshare.argtypes = (c.c_int,)
+        libc.setns.argtypes = (c.c_int, c.c_int)
         libc.prctl.argtypes = (c.c_int, c.c_ulong, c.c_ulong, c.c_ulong, c.c_ulong)
         libc.syscall.restype = c.c_long
         self.libc = libc
@@ -82,6 +83,9 @@ class _Kernel:
 
     def unshare(self, flags):
         self._check(self.libc.unshare(flags), "unshare")
+
+    def setns(self, fd, nstype):
+        self._check(self.libc.setns(fd, nstype), "setns")
 
     def pivot_root(self, new_root, put_old):
         self._check(self.libc.syscall(_SYS_PIVOT_ROOT, new_root.encode(), put_old.encode()), "pivot_root")
@@ -120,8 +124,10 @@ def _bind_ro(kernel, source, target, flags=_MS_NOSUID | _MS_NODEV):
     kernel.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | flags)
 
 
-def _build_root(kernel, cfg):
-    """The sandbox's file system, as bwrap_args() in bwrap.py describes it, at cfg["base"]; then pivot into it."""
+def _build_template(kernel, cfg):
+    """The read-only part of every sandbox's file system, as bwrap_args() in bwrap.py describes it, built once on
+    a tmpfs at cfg["base"] in a mount namespace of its own, pivoted into, the host's tree detached. Each sandbox
+    starts from a copy of this namespace and mounts its own /proc, /dev/pts and tmpfs on top (_mount_own)."""
     root = cfg["base"]
     kernel.mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     for top, link in cfg["tops"]:
@@ -146,14 +152,9 @@ def _build_root(kernel, cfg):
         else:
             _touch(target)
         _bind_ro(kernel, path, target)
-    os.mkdir(root + "/proc", 0o755)
-    kernel.mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    for name in PROC_COVERED:
-        path = root + "/proc/" + name
-        if os.path.exists(path):
-            _bind_ro(kernel, path, path, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     dev = root + "/dev"
-    os.mkdir(dev, 0o755)
+    for path in ("/proc", "/dev"):
+        os.mkdir(root + path, 0o755)
     kernel.mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     for name in DEV_NODES:
         _touch(dev + "/" + name)
@@ -161,13 +162,9 @@ def _build_root(kernel, cfg):
         kernel.mount(None, dev + "/" + name, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID)
     for name, target in DEV_LINKS:
         os.symlink(target, dev + "/" + name)
-    os.mkdir(dev + "/pts", 0o755)
-    kernel.mount("devpts", dev + "/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
-    size = "size=%d,mode=0755" % cfg["tmpfs_bytes"]
-    for path in ("/dev/shm", "/tmp", cfg["workdir"]):
+    for path in ("/dev/pts", "/dev/shm", "/tmp", cfg["workdir"]):  # mount points of each sandbox's own
         if not os.path.isdir(root + path):
             os.mkdir(root + path, 0o755)
-        kernel.mount("tmpfs", root + path, "tmpfs", _MS_NOSUID | _MS_NODEV, size)
     os.mkdir(root + "/.oldroot", 0o700)
     os.chdir(root)
     kernel.pivot_root(".", ".oldroot")
@@ -175,6 +172,52 @@ def _build_root(kernel, cfg):
     os.rmdir("/.oldroot")
     kernel.mount(None, "/dev", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     kernel.mount(None, "/", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    kernel.mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "mode=0755")  # superblock
+
+
+def _mount_own(kernel, cfg):
+    """A sandbox's own mounts over its copy of the template: /proc of its pid namespace (with bwrap's read-only
+    covers), a devpts instance, and fresh size-limited tmpfs for /dev/shm, /tmp and the work dir."""
+    kernel.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    for name in PROC_COVERED:
+        path = "/proc/" + name
+        if os.path.exists(path):
+            _bind_ro(kernel, path, path, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    kernel.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+    size = "size=%d,mode=0755" % cfg["tmpfs_bytes"]
+    for path in ("/dev/shm", "/tmp", cfg["workdir"]):
+        kernel.mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, size)
+
+
+def _make_template(kernel, cfg):
+    """Build the template mount namespace in a child and return an fd that keeps it (setns target)."""
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            kernel.unshare(_CLONE["ns"])
+            kernel.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the host
+            _build_template(kernel, cfg)
+            os.write(ready_w, b"1")
+            os.read(hold_r, 1)  # until the zygote holds the namespace
+            os._exit(0)
+        except BaseException as e:  # noqa: BLE001
+            os.write(ready_w, ("0%s: %s" % (type(e).__name__, e)).encode())
+            os._exit(1)
+    os.close(ready_w)
+    os.close(hold_r)
+    answer = os.read(ready_r, 4096)
+    os.close(ready_r)
+    try:
+        if answer != b"1":
+            raise OSError("cannot build the sandbox root: %s" % answer[1:].decode(errors="replace"))
+        return os.open("/proc/%d/ns/mnt" % pid, os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(hold_w)
+        os.waitpid(pid, 0)
 
 
 def _loopback_up():
@@ -200,7 +243,7 @@ def _init(kernel, cfg, session):
         # As pid 1 only signals with a handler reach I from inside: none must (Python's SIGINT handler would).
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         os.setgroups([])
-        _build_root(kernel, cfg)
+        _mount_own(kernel, cfg)
         import _socket
 
         _socket.sethostname(cfg["hostname"])
@@ -255,9 +298,11 @@ def _sandbox(kernel, cfg, cgroup_procs, session=None):
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         for path in cgroup_procs:  # every process of this sandbox is born inside its cgroups
             _write_text(path, "0")
+        kernel.setns(cfg["template_fd"], _CLONE["ns"])  # into the template root (its mounts are private)...
+        # ...and out of it again at once: this sandbox's mount namespace is a copy of the template's
         kernel.unshare(_CLONE["ns"] | _CLONE["pid"] | _CLONE["net"] | _CLONE["ipc"] | _CLONE["uts"])
-        kernel.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the host
         kernel.unshare(_CLONE["cgroup"])  # after joining: the sandbox's cgroup is its cgroup root
+        os.close(cfg["template_fd"])
         pid = os.fork()
     except BaseException as e:  # noqa: BLE001
         _setup_failed(e, 125)
@@ -285,7 +330,12 @@ def _zygote_main():
 
     ctrl = _socket.socket(fileno=int(sys.argv[1]))
     kernel = _Kernel(cfg["seccomp"])
-    import fcntl  # noqa: F401 - for _loopback_up, loaded once here rather than in every sandbox
+    import fcntl
+
+    template = _make_template(kernel, cfg)
+    cfg["template_fd"] = fcntl.fcntl(template, fcntl.F_DUPFD_CLOEXEC, 64)  # clear of the fds a sandbox gets
+    os.close(template)
+    # fcntl, for _loopback_up, is loaded here once rather than in every sandbox
 
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # the kernel reaps each S: no zombies, no bookkeeping
     import gc
@@ -311,7 +361,9 @@ def _zygote_main():
             if pid == 0:
                 for target, fd in enumerate(fds):
                     os.dup2(fd, target)
-                os.closerange(4, 1 << 16)
+                os.dup2(cfg["template_fd"], 4)
+                os.closerange(5, 1 << 16)
+                cfg["template_fd"] = 4
                 _sandbox(kernel, cfg, request["cgroup_procs"], request.get("session"))
                 return  # the program's process: its SystemExit ended the program, CPython shuts down
         for fd in fds:
