@@ -1,11 +1,13 @@
-"""Sandbox throughput and latency: isolated /run_code vs bare `python3 -c`, plus warm session cells.
+"""Sandbox throughput and latency: isolated /run_code vs bare `python3 -I -S -c`, plus warm session cells.
 
     agentrl bench sandbox [--requests 200] [--concurrency 1,8,32] [--cells 200] [--url http://...]
     agentrl bench sandbox --language cpp [--requests 40] [--concurrency 1,4]
 
 Starts its own service (bwrap + cgroups, full isolation) unless --url is given, runs the same trivial snippet
 through the HTTP API and as bare processes in the same run, and prints requests/s, p50/p99 latency and the
-isolated/bare throughput ratio per concurrency, then the latency of cells in one warm session. With
+isolated/bare throughput ratio per concurrency, against the same interpreter flags (`python3 -I -S -c`, the
+headline) and against a plain `python3 -c` (whose site start-up loads .pth files), then the latency of cells in one
+warm session. With
 `--language cpp` each request compiles and runs a small C++ program; bare is `g++ <same flags> && ./test` in a
 fresh temp dir, the compiler dominating both.
 """
@@ -121,15 +123,15 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
             if body.get("status") != "Success" or body["run_result"]["stdout"] != EXPECTED:
                 errors["isolated"] += 1
 
-        print(f"sandbox: backend={health['backend']} isolation={health['isolation']} "
-              f"max_concurrency={health['max_concurrency']} cores={os.cpu_count()}")
-        print("bare = `python3 -c` processes; bare -S = `python3 -I -S -c` (no site/.pth start-up, as the sandbox's "
-              "interpreter)")
-        print(f"{'conc':>4} | {'isolated req/s':>14} {'p50 ms':>7} {'p99 ms':>7} | {'bare req/s':>10} {'p50 ms':>7} "
-              f"{'p99 ms':>7} | {'ratio':>5} | {'bare -S req/s':>13} {'ratio':>5}")
+        print(f"sandbox: backend={health['backend']} isolation={health['isolation']} zygote={health.get('zygote')} "
+              f"max_concurrency={health['max_concurrency']} cores={os.cpu_count()} load={os.getloadavg()[0]:.2f}")
+        print("bare -I -S = `python3 -I -S -c` processes, the sandbox interpreter's own flags (the headline ratio); "
+              "bare = `python3 -c` (site and .pth start-up)")
+        print(f"{'conc':>4} | {'isolated req/s':>14} {'p50 ms':>7} {'p99 ms':>7} | {'bare -I -S req/s':>16} "
+              f"{'p50 ms':>7} {'p99 ms':>7} | {'ratio':>5} | {'bare req/s':>10} {'ratio':>5}")
         await _load(min(20, args.requests), 4, isolated)  # warm-up: pool filled, connections open
         local = _service_cpu_s(health) is not None
-        cpu = {"isolated": 0.0, "bare": 0.0, "bare -S": 0.0}
+        cpu = {"isolated": 0.0, "bare -I -S": 0.0, "bare": 0.0}
         n_total = 0
         for conc in [int(c) for c in args.concurrency.split(",")]:
             before = _service_cpu_s(health) if local else 0.0
@@ -137,15 +139,15 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
             await asyncio.sleep(1.0)  # the warm pool refills: its start-up CPU belongs to these requests
             cpu["isolated"] += (_service_cpu_s(health) - before) if local else 0.0
             before = _own_children_cpu_s()
-            bare_rps, bare_lat = await _load(args.requests, conc, bare_with())
-            cpu["bare"] += _own_children_cpu_s() - before
+            bare_s_rps, bare_s_lat = await _load(args.requests, conc, bare_with("-I", "-S"))
+            cpu["bare -I -S"] += _own_children_cpu_s() - before
             before = _own_children_cpu_s()
-            bare_s_rps, _ = await _load(args.requests, conc, bare_with("-I", "-S"))
-            cpu["bare -S"] += _own_children_cpu_s() - before
+            bare_rps, _ = await _load(args.requests, conc, bare_with())
+            cpu["bare"] += _own_children_cpu_s() - before
             n_total += args.requests
             print(f"{conc:>4} | {iso_rps:>14.1f} {_pct(iso_lat, .5) * 1e3:>7.1f} {_pct(iso_lat, .99) * 1e3:>7.1f} | "
-                  f"{bare_rps:>10.1f} {_pct(bare_lat, .5) * 1e3:>7.1f} {_pct(bare_lat, .99) * 1e3:>7.1f} | "
-                  f"{iso_rps / bare_rps:>5.2f} | {bare_s_rps:>13.1f} {iso_rps / bare_s_rps:>5.2f}")
+                  f"{bare_s_rps:>16.1f} {_pct(bare_s_lat, .5) * 1e3:>7.1f} {_pct(bare_s_lat, .99) * 1e3:>7.1f} | "
+                  f"{iso_rps / bare_s_rps:>5.2f} | {bare_rps:>10.1f} {iso_rps / bare_rps:>5.2f}")
         if local:
             print(_cpu_summary(cpu, n_total, decimals=1))
         resp = await client.post("/sessions", json={"language": "python", "idle_ttl_s": 120})

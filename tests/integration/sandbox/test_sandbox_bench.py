@@ -1,0 +1,30 @@
+"""`agentrl bench sandbox` end to end on a few requests: it starts its own service, measures every column side by
+side and reports no wrong result (the figures themselves are for docs/benchmarks.md, never asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_sandbox_small_run():
+    from conftest import bwrap_unavailable_reason
+
+    if reason := bwrap_unavailable_reason():
+        pytest.skip(reason)
+    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "bench", "sandbox", "--requests", "6",
+                          "--concurrency", "1,3", "--cells", "3"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("sandbox: backend=bwrap isolation=bwrap+cgroups zygote=True") for line in lines)
+    rows = [line for line in lines if line.split("|")[0].strip() in ("1", "3")]
+    assert len(rows) == 2 and all(len(row.split("|")) == 5 for row in rows), out.stdout
+    assert "CPU per request" in out.stdout and "isolated/bare -I -S" in out.stdout
+    assert "wrong results: isolated 0, bare 0; SandboxError: 0" in out.stdout
