@@ -115,10 +115,12 @@ class Cgroup:
         self._limits: tuple | None = None  # what set_limits last wrote: rewriting the same values is skipped
         self._memory: int | None = None
         self.baseline: CgroupCounters | None = None  # counters when it was last emptied (the next use's base)
-
-    @property
-    def procs_files(self) -> list[str]:
-        return [str(d / "cgroup.procs") for d in self.dirs.values()]
+        # Paths read on every request, as strings once (no pathlib on the request path)
+        self.procs_files = [str(d / "cgroup.procs") for d in self.dirs.values()]
+        mem, pids = self._d("memory"), self._d("pids")
+        self._counter_files = (str(mem / ("memory.oom_control" if version == 1 else "memory.events")),
+                               str(mem / ("memory.max_usage_in_bytes" if version == 1 else "memory.peak")),
+                               str(pids / "pids.events"))
 
     def _d(self, controller: str) -> Path:
         return self.dirs[controller] if self.version == 1 else self.dirs["unified"]
@@ -190,13 +192,9 @@ class Cgroup:
                 self._limits = (memory_bytes, *self._limits[1:])
 
     def counters(self) -> CgroupCounters:
-        if self.version == 1:
-            oom = _read_kv(self._d("memory") / "memory.oom_control").get("oom_kill", 0)
-            peak_file = self._d("memory") / "memory.max_usage_in_bytes"
-        else:
-            oom = _read_kv(self._d("memory") / "memory.events").get("oom_kill", 0)
-            peak_file = self._d("memory") / "memory.peak"
-        pids_max = _read_kv(self._d("pids") / "pids.events").get("max", 0)
+        oom_file, peak_file, pids_file = self._counter_files
+        oom = _read_kv(oom_file).get("oom_kill", 0)
+        pids_max = _read_kv(pids_file).get("max", 0)
         try:
             peak = int(_read(peak_file))
         except (OSError, ValueError):
@@ -237,12 +235,15 @@ class Cgroup:
             time.sleep(0.002)
 
     async def kill_all_async(self, deadline_s: float = 3.0) -> None:
-        """kill_all on the event loop: the passes are quick, the waits between them are asyncio sleeps."""
+        """kill_all on the event loop: the passes are quick, the waits between them are asyncio sleeps (growing:
+        a killed process leaves its cgroup only once the kernel has torn down its namespaces)."""
         end = time.monotonic() + deadline_s
+        delay = 0.001
         while pids := self.kill_pass():
             if time.monotonic() > end:
                 raise CgroupError(f"cgroup {self.dirs} still has processes {sorted(pids)[:10]} after SIGKILL")
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     def remove(self) -> None:
         self.kill_all()

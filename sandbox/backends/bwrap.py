@@ -163,6 +163,7 @@ class Warm:
         else:
             self.stdout, self.stderr = proc.stdout, proc.stderr
         self.exit_code: int | None = None  # a zygote sandbox's runner exit status, once reported
+        self.reported = False  # its runner sent the final result (and is exiting)
 
     @property
     def returncode(self) -> int | None:
@@ -223,6 +224,11 @@ class Warm:
         """Kill everything the sandbox started (through its cgroup: daemonised children too) and reap bwrap;
         True when the cgroup is known to be empty now."""
         emptied = False
+        if self.proc is None and self.cgroup is not None and self.reported:
+            # A zygote sandbox that reported its end: its init is gone, so the kernel is killing the rest; the
+            # result pipe closes when the last of them (the reporter) has exited. Wait for that, not by polling.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.results.read(), 1)
         if self.cgroup is not None:
             with contextlib.suppress(CgroupError):
                 await self.cgroup.kill_all_async()
@@ -511,6 +517,7 @@ class BwrapBackend:
         elapsed = time.monotonic() - started
         feeder.cancel()
         if result is not None:
+            warm.reported = True
             if warm.proc is not None:  # a zygote sandbox's init kills the program's leftovers when it exits
                 warm.signal_all()  # the program is done; its leftovers (daemons) die with the sandbox
             # The runner wrote the end marker after the program exited: normally the output is complete now.
