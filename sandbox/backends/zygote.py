@@ -44,6 +44,14 @@ def layout(cfg: SandboxConfig, prefix: str, workdir: str, etc_files: tuple[str, 
             "workdir": workdir, "hostname": "sandbox"}
 
 
+def _remove_stale_bases() -> None:
+    for path in Path(tempfile.gettempdir()).glob("agentrl-sandbox-root-*-*"):
+        pid = path.name.split("-")[3]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only ever empty
+
+
 class Zygote:
     """One zygote process; `spawn` asks it for a sandbox. Restarted by `ensure` if it died."""
 
@@ -71,9 +79,10 @@ class Zygote:
 
     async def _start(self) -> None:
         await self.close()
-        # An empty host directory the zygote's children mount their new roots on, in their own mount namespace:
-        # the host's copy stays empty.
-        self.base = tempfile.mkdtemp(prefix="agentrl-sandbox-root-")
+        # An empty host directory the zygote mounts the sandboxes' template root on, in a mount namespace of its
+        # own: the host's copy stays empty (and is removed at close, or by the next service if this one is killed).
+        _remove_stale_bases()
+        self.base = tempfile.mkdtemp(prefix=f"agentrl-sandbox-root-{os.getpid()}-")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = await asyncio.create_subprocess_exec(
