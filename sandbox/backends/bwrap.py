@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import shutil
@@ -268,6 +269,7 @@ class BwrapBackend:
         self.spawn_failures = 0
         self.last_spawn_error = ""
         self.zygote: Zygote | None = None
+        self.zygote_error = ""
 
     @property
     def isolation(self) -> str:
@@ -306,7 +308,13 @@ class BwrapBackend:
             config = {**layout(self.cfg, self.prefix, WORKDIR, ETC_FILES), "uid": SANDBOX_UID,
                       "seccomp": seccomp.build_filter() if self.seccomp else None}
             self.zygote = Zygote(self.python, sandbox_env(self.prefix), config, on_exit=self._zygote_exited)
-            await self.zygote.ensure()
+            try:
+                await self.zygote.ensure()
+            except BackendError as e:  # bwrap works (checked above): isolate every sandbox with it instead
+                logging.getLogger("sandbox").warning("the sandbox zygote cannot start (%s); starting bwrap for "
+                                                     "every sandbox instead", e)
+                self.zygote_error = str(e)[:500]
+                self.zygote = None
         self._refill_task = asyncio.create_task(self._refill_loop())
         self._wake.set()
 
@@ -318,7 +326,8 @@ class BwrapBackend:
                 "cgroup_parents": [str(p) for p in self.cgroups.parents.values()] if self.cgroups else [],
                 "seccomp": self.seccomp, "zygote": self.zygote is not None,
                 "zygote_starts": self.zygote.starts if self.zygote else 0,
-                "zygote_pid": self.zygote.pid if self.zygote else None, "warm_pool": self.cfg.warm_pool,
+                "zygote_pid": self.zygote.pid if self.zygote else None, "zygote_error": self.zygote_error,
+                "warm_pool": self.cfg.warm_pool,
                 "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
                 "last_spawn_error": self.last_spawn_error, "python": self.python}
 

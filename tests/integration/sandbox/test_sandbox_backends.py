@@ -110,3 +110,35 @@ def test_bwrap_per_sandbox_without_the_zygote():
         cell = http.post(f"/sessions/{sid}/run", json={"code": "x + 1", "timeout": 10}).json()
         assert cell["status"] == "ok" and cell["stdout"] == "42\n", cell
         assert_benign(http)
+
+
+def test_a_zygote_that_cannot_start_falls_back_to_bwrap(monkeypatch):
+    import asyncio
+
+    from conftest import bwrap_unavailable_reason
+    from sandbox.backends.base import BackendError, ExecRequest
+    from sandbox.backends.bwrap import BwrapBackend
+    from sandbox.backends.zygote import Zygote
+    from sandbox.config import SandboxConfig
+
+    if reason := bwrap_unavailable_reason():
+        pytest.skip(reason)
+
+    async def broken(self):
+        raise BackendError("the sandbox zygote did not start: test")
+
+    monkeypatch.setattr(Zygote, "ensure", broken)
+
+    async def main():
+        backend = BwrapBackend(SandboxConfig(max_concurrency=2, warm_pool=2))
+        await backend.start()
+        try:
+            info = backend.info()
+            result = await backend.execute(ExecRequest(code="print(6 * 7)"))
+        finally:
+            await backend.close()
+        return info, result
+
+    info, result = asyncio.run(main())
+    assert info["zygote"] is False and "test" in info["zygote_error"] and info["isolation"] == "bwrap+cgroups"
+    assert result.infra_error is None and result.stdout == "42\n"
