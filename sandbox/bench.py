@@ -165,6 +165,22 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
         print(f"warm session cell (HTTP round trip, {args.cells} cells): p50 {_pct(cell_lat, .5) * 1e3:.2f} ms, "
               f"p99 {_pct(cell_lat, .99) * 1e3:.2f} ms, mean {statistics.mean(cell_lat) * 1e3:.2f} ms; "
               f"state kept: {final['stdout'].strip() == str(args.cells)}")
+
+        async def session_lifecycle() -> None:  # what an agent episode with the python tool costs the sandbox
+            made = (await client.post("/sessions", json={"language": "python", "idle_ttl_s": 120})).json()
+            cell = (await client.post(f"/sessions/{made['session_id']}/run",
+                                      json={"code": SNIPPET, "timeout": 10})).json()
+            await client.delete(f"/sessions/{made['session_id']}")
+            if cell.get("stdout") != EXPECTED:
+                errors["isolated"] += 1
+
+        n_sessions = max(4, args.cells // 5)
+        before = _service_cpu_s(health) if local else 0.0
+        rate, lat = await _load(n_sessions, 4, session_lifecycle)
+        await asyncio.sleep(1.0)
+        cpu_note = (f", CPU {(_service_cpu_s(health) - before) / n_sessions * 1e3:.1f} ms each" if local else "")
+        print(f"session open + one cell + close ({n_sessions}, concurrency 4): {rate:.1f}/s, p50 "
+              f"{_pct(lat, .5) * 1e3:.1f} ms{cpu_note}")
         health = (await client.get("/health")).json()
     print(f"wrong results: isolated {errors['isolated']}, bare {errors['bare']}; "
           f"SandboxError: {health['sandbox_errors']}")

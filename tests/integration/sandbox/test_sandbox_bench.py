@@ -27,4 +27,5 @@ def test_bench_sandbox_small_run():
     rows = [line for line in lines if line.split("|")[0].strip() in ("1", "3")]
     assert len(rows) == 2 and all(len(row.split("|")) == 5 for row in rows), out.stdout
     assert "CPU per request" in out.stdout and "isolated/bare -I -S" in out.stdout
+    assert "session open + one cell + close" in out.stdout
     assert "wrong results: isolated 0, bare 0; SandboxError: 0" in out.stdout
