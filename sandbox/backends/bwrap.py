@@ -268,7 +268,8 @@ class BwrapBackend:
         self._closing = False
         self.spawn_failures = 0
         self.last_spawn_error = ""
-        self.zygote: Zygote | None = None
+        self.zygote: Zygote | None = None  # programs' sandboxes
+        self.session_zygote: Zygote | None = None  # sessions' (it also holds their modules: see zygote_src.py)
         self.zygote_error = ""
 
     @property
@@ -308,13 +309,14 @@ class BwrapBackend:
             config = {**layout(self.cfg, self.prefix, WORKDIR, ETC_FILES), "uid": SANDBOX_UID,
                       "seccomp": seccomp.build_filter() if self.seccomp else None}
             self.zygote = Zygote(self.python, sandbox_env(self.prefix), config, on_exit=self._zygote_exited)
+            self.session_zygote = Zygote(self.python, sandbox_env(self.prefix), {**config, "preload": "session"})
             try:
                 await self.zygote.ensure()
             except BackendError as e:  # bwrap works (checked above): isolate every sandbox with it instead
                 logging.getLogger("sandbox").warning("the sandbox zygote cannot start (%s); starting bwrap for "
                                                      "every sandbox instead", e)
                 self.zygote_error = str(e)[:500]
-                self.zygote = None
+                self.zygote = self.session_zygote = None
         self._refill_task = asyncio.create_task(self._refill_loop())
         self._wake.set()
 
@@ -327,6 +329,7 @@ class BwrapBackend:
                 "seccomp": self.seccomp, "zygote": self.zygote is not None,
                 "zygote_starts": self.zygote.starts if self.zygote else 0,
                 "zygote_pid": self.zygote.pid if self.zygote else None, "zygote_error": self.zygote_error,
+                "session_zygote_pid": self.session_zygote.pid if self.session_zygote else None,
                 "warm_pool": self.cfg.warm_pool,
                 "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
                 "last_spawn_error": self.last_spawn_error, "python": self.python}
@@ -399,12 +402,13 @@ class BwrapBackend:
         return await self._spawn_zygote({}, self.cfg.default_memory_mb)
 
     async def _spawn_zygote(self, request: dict, memory_mb: int) -> Warm:
-        await self.zygote.ensure()
+        zygote = self.session_zygote if "session" in request else self.zygote
+        await zygote.ensure()
         cg = self.cgroups.acquire()
         cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
         (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(4))
         try:
-            await self.zygote.spawn({**request, "cgroup_procs": cg.procs_files}, (in_r, out_w, err_w, res_w))
+            await zygote.spawn({**request, "cgroup_procs": cg.procs_files}, (in_r, out_w, err_w, res_w))
         except BaseException:
             for fd in (in_w, out_r, err_r, res_r):
                 os.close(fd)
@@ -630,7 +634,8 @@ class BwrapBackend:
             await self._dispose(self._ready.get_nowait())
         if self._disposing:
             await asyncio.wait(set(self._disposing), timeout=10)
-        if self.zygote is not None:
-            await self.zygote.close()
+        for zygote in (self.zygote, self.session_zygote):
+            if zygote is not None:
+                await zygote.close()
         if self.cgroups is not None:
             await asyncio.to_thread(self.cgroups.close)
