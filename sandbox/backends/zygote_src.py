@@ -1,22 +1,22 @@
 """The sandbox zygote: runs on the HOST as root (passed as `python -I -S -c <prelude + runner + this> CTRL_FD`).
 
 Starting bwrap and a fresh interpreter for every request costs ~25 ms of CPU, five times what the program
-itself needs. The zygote starts once per service, with the runner already imported, and makes each sandbox by
-forking itself and building the isolation from the kernel's primitives, as bubblewrap does:
+itself needs. The zygote starts once per service, with the runner already imported, builds the read-only part
+of every sandbox's root once (a template mount namespace: /usr, the interpreter's prefix and a few /etc files
+bound read-only on a tmpfs, a minimal /dev, pivot_root'ed into, the host's tree detached), and makes each
+sandbox from the kernel's primitives, as bubblewrap does:
 
-    zygote --fork--> S: joins the request's cgroups, unshares mount/pid/net/ipc/uts/cgroup namespaces
-                     S --fork--> I (pid 1 of the new pid namespace): builds a fresh root (tmpfs; /usr, the
-                         interpreter's prefix and a few /etc files bound read-only; its own /proc, a minimal
-                         /dev, size-limited tmpfs for /workspace, /tmp and /dev/shm), pivot_root()s into it and
-                         detaches the host's tree, brings up loopback, enters a new user namespace mapping the
-                         sandbox uid 65534 onto the service's uid, drops every capability, sets no-new-privs,
-                         loads the seccomp filter, then runs the runner's supervisor (runner_src.py), which forks
-                         the program's process (pid 2) and waits for the request.
+    zygote: a copy of the template mount namespace, new pid/net/ipc/uts namespaces, fork, back into its own
+        --> I (pid 1 of the new pid namespace): joins the request's cgroups, a cgroup namespace rooted there,
+            its own /proc, devpts and size-limited tmpfs for /workspace, /tmp and /dev/shm, loopback up, a new
+            user namespace mapping the sandbox uid 65534 onto the service's uid, every capability dropped,
+            no-new-privs, the seccomp filter; then the runner's supervisor (runner_src.py), which forks the
+            program's process (pid 2) and waits for the request (a session: the session's interpreter).
 
-S waits for I and reports I's exit status if I dies before reporting a result. Each request still gets every
-namespace of its own, its own cgroup and a root nothing else uses; only the (read-only) interpreter pages are
-shared, copy-on-write, with the zygote. The user namespace is created last, so the program's namespace owns no
-other namespace: its capabilities there would not reach mounts, network or pids even if it regained them.
+Each request gets every namespace of its own, its own cgroup and its own writable mounts; only the (read-only)
+template and the interpreter's pages (copy-on-write) are shared with the zygote. The user namespace is created
+last, so the program's namespace owns no other namespace: its capabilities there would not reach mounts,
+network or pids even if it regained them.
 
 The zygote reads one command per sandbox on CTRL_FD (a SOCK_SEQPACKET socket; marshal payload + four fds:
 stdin, stdout, stderr, result frames) and never runs request code itself. A session's sandbox is the same, with
@@ -234,7 +234,7 @@ def _loopback_up():
 
 
 def _init(kernel, cfg, session):
-    """I: pid 1 of the sandbox's pid namespace. Builds the sandbox, drops every privilege, runs the runner's
+    """I: pid 1 of the sandbox's pid namespace. Mounts its own, drops every privilege, runs the runner's
     supervisor. Returns only in the program's process, by its SystemExit going up to CPython's own handling."""
     import _signal
 
@@ -242,6 +242,7 @@ def _init(kernel, cfg, session):
         kernel.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
         # As pid 1 only signals with a handler reach I from inside: none must (Python's SIGINT handler would).
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the zygote's SIG_IGN would reap the program itself
         os.setgroups([])
         _mount_own(kernel, cfg)
         import _socket
@@ -273,10 +274,11 @@ def _init(kernel, cfg, session):
     if pid == 0:
         program_setup()
         _serve_session(3, session["fsize"], session["nofile"])
-    os.close(3)
     _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code)
+    try:
+        _frame(3, {"runner_exit": os.waitstatus_to_exitcode(status)})
+    finally:
+        os._exit(0)
 
 
 def _setup_failed(error, status):
@@ -289,31 +291,50 @@ def _setup_failed(error, status):
         os._exit(status)
 
 
-def _sandbox(kernel, cfg, cgroup_procs, session=None):
-    """S: the forked child of the zygote that owns one sandbox. Returns only in the program's process."""
-    import _signal
-
+def _make_sandbox(kernel, cfg, host_ns, cgroup_procs):
+    """In the zygote: new mount (a copy of the template), pid, network, IPC and UTS namespaces, the sandbox's
+    pid 1 forked into them, and the zygote back in its own. Returns the child's pid (0 in the child) and fds of
+    the sandbox's cgroup.procs files, which the child writes itself into before anything else. A zygote that
+    cannot return to its own namespaces exits (the service starts a new one): it never serves half inside."""
+    procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in cgroup_procs]
+    pid = -1
     try:
-        kernel.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
-        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-        for path in cgroup_procs:  # every process of this sandbox is born inside its cgroups
-            _write_text(path, "0")
         kernel.setns(cfg["template_fd"], _CLONE["ns"])  # into the template root (its mounts are private)...
         # ...and out of it again at once: this sandbox's mount namespace is a copy of the template's
         kernel.unshare(_CLONE["ns"] | _CLONE["pid"] | _CLONE["net"] | _CLONE["ipc"] | _CLONE["uts"])
-        kernel.unshare(_CLONE["cgroup"])  # after joining: the sandbox's cgroup is its cgroup root
-        os.close(cfg["template_fd"])
         pid = os.fork()
+    except BaseException:
+        for fd in procs:
+            os.close(fd)
+        raise
+    finally:
+        if pid != 0:
+            try:
+                for kind, fd in host_ns:
+                    kernel.setns(fd, _CLONE[kind])
+            except BaseException:  # noqa: BLE001
+                os._exit(70)
+    return pid, procs
+
+
+def _into_sandbox(kernel, cfg, fds, procs, session):
+    """The sandbox's pid 1, just forked: its stdio and result fd in place, into its cgroups, then _init."""
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (*fds, *procs)]  # out of the way of 0..3
+    for target, fd in enumerate(high[:4]):
+        os.dup2(fd, target)
+    procs = high[4:]
+    os.closerange(4, procs[0])
+    os.closerange(procs[-1] + 1, 1 << 16)
+    try:
+        for fd in procs:  # every process of this sandbox is born inside its cgroups
+            os.write(fd, b"0")
+            os.close(fd)
+        kernel.unshare(_CLONE["cgroup"])  # after joining: the sandbox's cgroup is its cgroup root
     except BaseException as e:  # noqa: BLE001
         _setup_failed(e, 125)
-    if pid == 0:
-        _init(kernel, cfg, session)
-        return
-    try:
-        _, wait_status = os.waitpid(pid, 0)
-        _frame(3, {"runner_exit": os.waitstatus_to_exitcode(wait_status)})
-    finally:
-        os._exit(0)
+    _init(kernel, cfg, session)
 
 
 def _zygote_main():
@@ -332,9 +353,16 @@ def _zygote_main():
     kernel = _Kernel(cfg["seccomp"])
     import fcntl
 
-    template = _make_template(kernel, cfg)
-    cfg["template_fd"] = fcntl.fcntl(template, fcntl.F_DUPFD_CLOEXEC, 64)  # clear of the fds a sandbox gets
-    os.close(template)
+    def keep(fd):  # fds the zygote holds for good, clear of those a request brings
+        try:
+            return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
+        finally:
+            os.close(fd)
+
+    cfg["template_fd"] = keep(_make_template(kernel, cfg))
+    # Its own namespaces, to return to after making each sandbox's (pid: the namespace of its next children)
+    host_ns = [(kind, keep(os.open("/proc/self/ns/%s" % name, os.O_RDONLY)))
+               for kind, name in (("ns", "mnt"), ("net", "net"), ("ipc", "ipc"), ("uts", "uts"), ("pid", "pid"))]
     # fcntl, for _loopback_up, is loaded here once rather than in every sandbox
 
     if cfg.get("preload") == "session":
@@ -348,7 +376,7 @@ def _zygote_main():
         import signal  # noqa: F401
         import threading  # noqa: F401
 
-    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # the kernel reaps each S: no zombies, no bookkeeping
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # the kernel reaps each pid 1: no zombies, no bookkeeping
     import gc
 
     gc.freeze()
@@ -367,17 +395,17 @@ def _zygote_main():
                 fds += [int.from_bytes(payload[i:i + fd_size], sys.byteorder)
                         for i in range(0, len(payload) - len(payload) % fd_size, fd_size)]
         request = marshal.loads(data)
+        procs = []
         if len(fds) == 4:
-            pid = os.fork()
+            try:
+                pid, procs = _make_sandbox(kernel, cfg, host_ns, request["cgroup_procs"])
+            except OSError as e:  # reported on the sandbox's own result pipe; the zygote serves on
+                pid = -1
+                _frame(fds[3], {"setup_failed": "%s: %s (zygote)" % (type(e).__name__, e)})
             if pid == 0:
-                for target, fd in enumerate(fds):
-                    os.dup2(fd, target)
-                os.dup2(cfg["template_fd"], 4)
-                os.closerange(5, 1 << 16)
-                cfg["template_fd"] = 4
-                _sandbox(kernel, cfg, request["cgroup_procs"], request.get("session"))
+                _into_sandbox(kernel, cfg, fds, procs, request.get("session"))
                 return  # the program's process: its SystemExit ended the program, CPython shuts down
-        for fd in fds:
+        for fd in (*fds, *procs):
             os.close(fd)
 
 
