@@ -29,7 +29,8 @@ bwrap:
 	  else echo "warning: bubblewrap missing and not root; the sandbox will refuse to start without --allow-unsafe"; fi; \
 	fi
 
-# g++/gcc: the sandbox compiles `language: cpp` / `c` with the host's compiler (inside the sandbox).
+# g++/gcc: the sandbox compiles `language: cpp` / `c` with the host's compiler (inside the sandbox), and builds
+# its zygote's small C helper (sandbox/backends/nsutil.c) with it; without one every sandbox starts bwrap.
 gxx:
 	@if ! command -v g++ >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \

@@ -30,6 +30,7 @@ from pathlib import Path
 from sandbox import seccomp
 from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_request, read_frame, runner_payload
 from sandbox.backends.session_proc import SessionProc
+from sandbox.backends import nsutil
 from sandbox.backends.zygote import Zygote, layout
 from sandbox.cgroups import Cgroup, CgroupError, CgroupPool, detect_version
 from sandbox.config import SandboxConfig
@@ -308,9 +309,10 @@ class BwrapBackend:
         if self.isolate and self.cgroups is not None and os.geteuid() == 0 and self.cfg.zygote:
             config = {**layout(self.cfg, self.prefix, WORKDIR, ETC_FILES), "uid": SANDBOX_UID,
                       "seccomp": seccomp.build_filter() if self.seccomp else None}
-            self.zygote = Zygote(self.python, sandbox_env(self.prefix), config, on_exit=self._zygote_exited)
-            self.session_zygote = Zygote(self.python, sandbox_env(self.prefix), {**config, "preload": "session"})
             try:
+                config["nsutil"] = await asyncio.to_thread(nsutil.build)
+                self.zygote = Zygote(self.python, sandbox_env(self.prefix), config, on_exit=self._zygote_exited)
+                self.session_zygote = Zygote(self.python, sandbox_env(self.prefix), {**config, "preload": "session"})
                 await self.zygote.ensure()
             except BackendError as e:  # bwrap works (checked above): isolate every sandbox with it instead
                 logging.getLogger("sandbox").warning("the sandbox zygote cannot start (%s); starting bwrap for "

@@ -149,6 +149,29 @@ async def test_hacks_score_zero_and_say_why(cfg, hack, name):
     assert info["kind"] != "passed" and info["passed"] < info["total"]
 
 
+# Probes for raw memory access through native modules already loaded in the process (the sandbox zygote's
+# own helpers would be such modules): a probe that succeeds makes the answer correct, so a reachable one scores 1.
+RAW_MEMORY_PROBES = {
+    # a cached single-phase extension comes back from _imp.create_dynamic without the import audit event
+    "create_dynamic_ctypes": ("import _imp, importlib.util\ntry:\n"
+                              "    _imp.create_dynamic(importlib.util.find_spec('_ctypes'))\n    ok = True\n"
+                              "except BaseException:\n    ok = False\n"),
+    # a loaded _ctypes's types stay reachable through the type hierarchy, with no import at all
+    "subclasses_ctypes": ("def _walk(t, seen):\n    for s in type.__subclasses__(t):\n        if s not in seen:\n"
+                          "            seen.add(s)\n            _walk(s, seen)\n    return seen\n"
+                          "ok = any(getattr(c, '__module__', '') == '_ctypes' for c in _walk(object, set()))\n"),
+}
+
+
+@pytest.mark.parametrize("probe", sorted(RAW_MEMORY_PROBES))
+@pytest.mark.parametrize("name", ["add_one", "sum_even"])
+async def test_no_raw_memory_access_through_preloaded_modules(cfg, probe, name):
+    correct = "\n".join("    " + line for line in TASKS[name][0].splitlines())
+    code = f"{RAW_MEMORY_PROBES[probe]}if ok:\n{correct}\nelse:\n    def {name}(*a):\n        return -999\n"
+    episode = _episode(code)
+    assert await compute_reward(_task(name), episode, cfg) == 0.0, (probe, episode.metrics["reward_info"])
+
+
 async def test_failure_reason_names_the_assert(cfg):
     episode = _episode("def sum_even(xs):\n    return sum(xs)")
     assert await compute_reward(_task("sum_even"), episode, cfg) == 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 
 import pytest
@@ -158,3 +159,20 @@ def test_script_name_avoids_request_files():
 
     assert script_name(".py", {}) == "main.py"
     assert script_name(".py", {"./main.py": "", "main_1.py": ""}) == "main_2.py"
+
+
+def test_zygote_helper_builds_once_and_names_the_fix_without_a_compiler(tmp_path, monkeypatch):
+    import shutil
+
+    from sandbox.backends import nsutil
+    from sandbox.backends.base import BackendError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if shutil.which("cc") or shutil.which("gcc"):
+        path = nsutil.build()
+        assert path.startswith(str(tmp_path)) and os.path.exists(path)
+        assert nsutil.build() == path  # cached: built once per source and interpreter
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty"))
+    monkeypatch.setattr(nsutil.shutil, "which", lambda name: None)
+    with pytest.raises(BackendError, match="make setup"):
+        nsutil.build()
