@@ -76,3 +76,16 @@ def test_a_sandbox_that_is_down_is_an_error_not_a_local_run():
     tasks, _ = make_suite("code", "train", 2, seed=0)
     with pytest.raises(DemoToolUnavailableError):
         asyncio.run(make_demos(tasks, sandbox_url=f"http://127.0.0.1:{free_port()}"))
+
+
+def test_code_demos_without_the_test_call_answer_at_once_and_are_still_graded(sandbox_url):
+    tasks, _ = make_suite("code", "train", 6, seed=1)
+    rows = asyncio.run(make_demos(tasks, sandbox_url=sandbox_url, code_test_call=False))
+    for task, row in zip(tasks, rows):
+        assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
+        assert _final_code(row) == task["extra"]["solution"]
+        assert [s["function"]["name"] for s in row["tools"]] == ["python"]  # the tool is still offered
+    broken = copy.deepcopy(tasks[0])
+    broken["extra"]["solution"] = broken["extra"]["solution"].rsplit("\n", 1)[0] + "\n    return None"
+    with pytest.raises(DemoError, match="fails its unit tests in the sandbox"):
+        asyncio.run(make_demos([broken], sandbox_url=sandbox_url, code_test_call=False))
