@@ -48,8 +48,12 @@ class QuickstartSettings:
     # DAPO dynamic sampling: a step trains on groups whose rewards differ, refilled from new prompts (up to this
     # many extra rollout rounds); 0 trains on whatever the first round gave, zero-variance groups included
     grpo_filter_rounds: int = 3
+    # code demonstrations try the function with the python tool before answering (False: they answer at once)
+    code_test_call: bool = True
     max_response_tokens: int = 256
     max_assistant_turns: int = 4
+    max_new_tokens_per_turn: int = 128  # one model turn (capped by max_response_tokens)
+    max_concurrent_episodes: int = 64  # episodes rolled out at once (GRPO and the held-out evaluations)
     seed: int = 0  # initial weights, data (demos, RL tasks, held-out) and, unless set below, SFT and GRPO
     sft_seed: int | None = None  # SFT data order (None: seed); what another machine's rounding would change
     grpo_seed: int | None = None  # GRPO task order and rollout sampling (None: seed)
@@ -62,6 +66,16 @@ class QuickstartSettings:
     sandbox_port: int | None = None
     with_sandbox: bool = True
 
+
+# Defaults of a run on the code suite alone (`--suites code`), applied over the ones above (which are the calc
+# and lookup recipe's, measured and documented) and under --smoke and --set. The demonstrations answer at once
+# (code_test_call=False; the python tool stays offered): with a python call first, each episode costs two sandbox
+# processes and three times the tokens, and GRPO alone outran the 20-minute budget. No recipe measured so far
+# makes GRPO beat SFT on this suite's held-out split: docs/quickstart.md#the-code-suite has the runs.
+CODE_DEFAULTS = dict(heldout_per_suite=200, sft_demos_per_suite=2000, sft_steps=600, max_response_tokens=320,
+                     max_new_tokens_per_turn=192, max_assistant_turns=3, max_concurrent_episodes=64, grpo_steps=60,
+                     code_test_call=False)
+SUITE_DEFAULTS = {("code",): CODE_DEFAULTS}
 
 SMOKE_RUN_DIR = "runs/quickstart-smoke"
 SMOKE = dict(smoke=True, size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps=4, sft_batch_size=8,
@@ -96,8 +110,10 @@ class Phases:
         print(f"[{self.index}/{self.total}] {name}: done in {self.timings[name]:.0f}s", flush=True)
 
 
-def make_data(s: QuickstartSettings, data_dir: Path) -> dict:
-    """SFT demos, RL training tasks (other seeds than the demos) and the held-out split, per suite."""
+def make_data(s: QuickstartSettings, data_dir: Path, sandbox_url: str | None = None) -> dict:
+    """SFT demos, RL training tasks (other seeds than the demos) and the held-out split, per suite. The code
+    suite's demonstrations run their python call in the sandbox at `sandbox_url` and their final code must pass
+    the task's unit tests there (required for that suite)."""
     from agentrl.data.suites import HARD_MIX_SUITES, make_suite, write_suite
     from agentrl.data.suites.common import write_jsonl
     from agentrl.data.suites.demos import make_demos
@@ -110,7 +126,11 @@ def make_data(s: QuickstartSettings, data_dir: Path) -> dict:
         tasks, kb_rows = make_suite(suite, "train", s.sft_demos_per_suite, s.seed, kb_path=kb)
         if kb_rows is not None:
             write_jsonl(kb, kb_rows)
-        demo_rows += asyncio.run(make_demos(tasks))
+        if suite == "code" and sandbox_url is None:
+            raise QuickstartError("the code suite's demonstrations are verified in the sandbox: start it (drop "
+                                  "--no-sandbox)")
+        demo_rows += asyncio.run(make_demos(tasks, sandbox_url=sandbox_url if suite == "code" else None,
+                                            code_test_call=s.code_test_call))
         rl = data_dir / f"{suite}-rl.jsonl"
         write_suite(suite, "train", s.grpo_tasks.get(suite, s.grpo_tasks_per_suite), rl, seed=s.seed + 1,
                     hard=s.grpo_hard_tasks and suite in HARD_MIX_SUITES)
@@ -125,8 +145,26 @@ def agent_config(s: QuickstartSettings):
     from agentrl.agent_loop.config import AgentLoopConfig
 
     return AgentLoopConfig(max_assistant_turns=s.max_assistant_turns, max_response_tokens=s.max_response_tokens,
-                           max_new_tokens_per_turn=min(128, s.max_response_tokens), max_tool_response_tokens=64,
-                           max_parallel_calls=2, episode_timeout_s=300.0)
+                           max_new_tokens_per_turn=min(s.max_new_tokens_per_turn, s.max_response_tokens),
+                           max_tool_response_tokens=64, max_parallel_calls=2, episode_timeout_s=300.0)
+
+
+def reward_config(sandbox_url: str | None):
+    """Unit-test rewards (the code suite) run in the quickstart's sandbox, over HTTP; there is no other way."""
+    from agentrl.agent_loop.config import RewardConfig
+
+    return RewardConfig(sandbox_url=sandbox_url)
+
+
+def needs_sandbox(s: QuickstartSettings) -> bool:
+    """Whether a suite runs code (the code suite: its python tool and its unit-test rewards)."""
+    return "code" in s.suites
+
+
+def check_sandbox_setting(s: QuickstartSettings) -> None:
+    if needs_sandbox(s) and not s.with_sandbox:
+        raise QuickstartError("the code suite runs every python call and every unit test in the sandbox, and there is "
+                              "no local fallback: drop --no-sandbox")
 
 
 def engine_config():
@@ -145,7 +183,8 @@ def grpo_seed(s: QuickstartSettings) -> int:
     return s.seed if s.grpo_seed is None else s.grpo_seed
 
 
-def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], tools_url: str, run_dir: Path):
+def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], tools_url: str, run_dir: Path,
+                 sandbox_url: str | None = None):
     from agentrl.agent_loop.config import RolloutConfig
     from agentrl.tools.config import ServiceConfig, ToolsConfig
     from agentrl.trainer.config import (
@@ -164,7 +203,9 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         # seeded sampling: each episode's seed derives from grpo_seed and its group (not from the OS entropy pool)
-        rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=64, seed=grpo_seed(s)),
+        rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=s.max_concurrent_episodes,
+                              seed=grpo_seed(s)),
+        reward=reward_config(sandbox_url),
         algorithm=AlgorithmConfig(filter_zero_variance_groups=s.grpo_filter_rounds > 0,
                                   max_filter_rounds=max(0, s.grpo_filter_rounds)),
         actor=ActorConfig(lr=s.grpo_lr, weight_decay=0.0,
@@ -174,7 +215,9 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
                           max_tokens_per_micro_batch=16384, use_kl_loss=True, kl_loss_coef=0.0, entropy_coeff=0.0,
                           clip_ratio_high=0.28),
         trainer=TrainerConfig(total_steps=s.grpo_steps, run_dir=str(run_dir), resume="never", seed=grpo_seed(s),
-                              test_freq=0, save_freq=0, save_hf_model=True),
+                              test_freq=0, save_freq=0, save_hf_model=True,
+                              # code episodes whose sandbox calls fail stop the run: never train on less silently
+                              max_infra_failed_fraction=0.25 if needs_sandbox(s) else 1.0),
     )
     if not s.rl_overrides:
         return cfg
@@ -257,11 +300,47 @@ def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path, *, heldout: dict[str, 
     plt.close(fig)
 
 
+def start_services(s: QuickstartSettings, stack: contextlib.ExitStack, tools_port: int, sandbox_port: int | None,
+                   log_dir: Path) -> str | None:
+    """Start the tool service (calculator, lookup and, for the code suite, python on the sandbox) and the sandbox
+    on loopback, stopped when `stack` closes; returns the sandbox URL (None without one). The code suite needs a
+    sandbox that isolates (bubblewrap or docker): one that runs code as plain processes is refused."""
+    from agentrl.services import agentrl_command, run_service
+
+    sandbox_url = f"http://127.0.0.1:{sandbox_port}" if sandbox_port is not None else None
+    health = None
+    if sandbox_url is not None:
+        # one interpreter session per episode that calls python: room for every concurrent episode
+        sessions = max(32, s.max_concurrent_episodes + 8)
+        stack.enter_context(run_service(
+            agentrl_command("sandbox", "serve", "--host", "127.0.0.1", "--port", str(sandbox_port),
+                            "--set", f"max_sessions={sessions}"),
+            f"{sandbox_url}/v1/ping", name="sandbox", log_path=log_dir / "sandbox.log", timeout_s=90))
+        import httpx
+
+        health = httpx.get(f"{sandbox_url}/health", timeout=10).json()
+        if needs_sandbox(s) and (health.get("unsafe") or "isolation" not in health):
+            raise QuickstartError(f"the sandbox at {sandbox_url} does not isolate code (isolation "
+                                  f"{health.get('isolation')!r}): the code suite runs only in an isolated sandbox; "
+                                  "install bubblewrap (`apt-get install bubblewrap`)")
+    tools = ["agentrl.tools.builtin.calculator:calculator", "agentrl.tools.builtin.lookup:lookup"]
+    tool_kwargs = []
+    if needs_sandbox(s):
+        tools.append("agentrl.tools.builtin.python:python")
+        tool_kwargs = ["--tool-kwargs", json.dumps({"python": {"sandbox_url": sandbox_url}})]
+    tools_url = f"http://127.0.0.1:{tools_port}"
+    stack.enter_context(run_service(
+        agentrl_command("tools", "serve", *tools, *tool_kwargs, "--host", "127.0.0.1", "--port", str(tools_port)),
+        f"{tools_url}/health", name="tool service", log_path=log_dir / "tools.log", timeout_s=90))
+    print(f"tools at {tools_url}" + (f", sandbox at {sandbox_url} (isolation: {health.get('isolation')})"
+                                     if health else ""), flush=True)
+    return sandbox_url
+
+
 def run_quickstart(s: QuickstartSettings) -> Path:
     """Run every phase; returns the report path."""
     from agentrl.evaluation.run import evaluate
     from agentrl.models.tiny import build_tiny_model
-    from agentrl.services import agentrl_command, run_service
     from agentrl.tools.client import ToolRegistry
     from agentrl.tools.config import ServiceConfig, ToolsConfig
     from agentrl.trainer.loop import FINAL_MODEL_DIR, train
@@ -278,6 +357,7 @@ def run_quickstart(s: QuickstartSettings) -> Path:
     if problems:
         raise QuickstartError(f"{problems[0]} (not a model directory: pass the sft/model folder of an earlier "
                               "quickstart run)")
+    check_sandbox_setting(s)
     # Ports first: a taken port fails in a second, not after the model and data are built.
     tools_port = _pick_port(s.tools_port, "tool service")
     sandbox_port = _pick_port(s.sandbox_port, "sandbox") if s.with_sandbox else None
@@ -293,26 +373,11 @@ def run_quickstart(s: QuickstartSettings) -> Path:
 
     with phase(f"build the {s.size} model ({s.init} init) and tokenizer offline"):
         init_dir = build_tiny_model(root / "init-model", size=s.size, seed=s.seed, init=s.init)
-    with phase(f"generate data ({', '.join(s.suites)}: demos, RL tasks, held-out)"):
-        data = make_data(s, root / "data")
-
     with contextlib.ExitStack() as stack:
         with phase("start the tool service and the sandbox on loopback"):
-            stack.enter_context(run_service(
-                agentrl_command("tools", "serve", "agentrl.tools.builtin.calculator:calculator",
-                                "agentrl.tools.builtin.lookup:lookup", "--host", "127.0.0.1", "--port", str(tools_port)),
-                f"{tools_url}/health", name="tool service", log_path=root / "logs" / "tools.log", timeout_s=90))
-            sandbox_health = None
-            if sandbox_port is not None:
-                stack.enter_context(run_service(
-                    agentrl_command("sandbox", "serve", "--host", "127.0.0.1", "--port", str(sandbox_port)),
-                    f"http://127.0.0.1:{sandbox_port}/v1/ping", name="sandbox", log_path=root / "logs" / "sandbox.log",
-                    timeout_s=90))
-                import httpx
-
-                sandbox_health = httpx.get(f"http://127.0.0.1:{sandbox_port}/health", timeout=10).json()
-            print(f"tools at {tools_url}" + (f", sandbox isolation: {sandbox_health.get('isolation')}"
-                                             if sandbox_health else ""), flush=True)
+            sandbox_url = start_services(s, stack, tools_port, sandbox_port, root / "logs")
+        with phase(f"generate data ({', '.join(s.suites)}: demos, RL tasks, held-out)"):
+            data = make_data(s, root / "data", sandbox_url=sandbox_url)
 
         if s.sft_model:
             with phase(f"SFT: reuse {s.sft_model}"):
@@ -334,7 +399,8 @@ def run_quickstart(s: QuickstartSettings) -> Path:
             async def go():
                 try:
                     return await evaluate(model, data["heldout"], n=1, agent_config=agent_config(s), tools=registry,
-                                          engine_config=engine_config(),
+                                          engine_config=engine_config(), reward_config=reward_config(sandbox_url),
+                                          max_concurrent_episodes=s.max_concurrent_episodes,
                                           run_dir=root / out, name=name, tasks_source="quickstart held-out")
                 finally:
                     await registry.aclose()
@@ -345,7 +411,7 @@ def run_quickstart(s: QuickstartSettings) -> Path:
             before = held_out_eval(sft_model, "after SFT", "eval-sft")
             print(f"held-out pass@1 after SFT: {before.get('pass@1', 0.0):.1%}", flush=True)
         with phase("GRPO with tools (embedded engine + Ray FSDP trainer)"):
-            cfg = train_config(s, sft_model, data["rl"], tools_url, root / "grpo")
+            cfg = train_config(s, sft_model, data["rl"], tools_url, root / "grpo", sandbox_url=sandbox_url)
             train(cfg)
         grpo_model = str(root / "grpo" / FINAL_MODEL_DIR)
         with phase("evaluate after GRPO on the held-out split"):
@@ -426,6 +492,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tools-port", type=int, default=None)
     p.add_argument("--sandbox-port", type=int, default=None)
     p.add_argument("--no-sandbox", action="store_true", help="do not start the sandbox (calc/lookup do not need it)")
+    p.add_argument("--suites", default=None, metavar="NAMES",
+                   help="comma-separated task suites (default calc,lookup; also: code). `--suites code` alone "
+                        "uses the code suite's own defaults (CODE_DEFAULTS), under --smoke and --set")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. --set grpo_steps=10 sft_steps=200")
     p.set_defaults(func=_main)
@@ -433,6 +502,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 OWN_OPTIONS = {"run_dir": "--run-dir DIR", "smoke": "--smoke", "tools_port": "--tools-port PORT",
                "sandbox_port": "--sandbox-port PORT", "with_sandbox": "--no-sandbox"}
+
+
+def parse_suites(raw) -> list[str]:
+    """`--suites calc,lookup` or `--set suites=[code]` as a checked list of suite names."""
+    from agentrl.data.suites import SUITES
+
+    names = [n.strip() for n in raw.split(",")] if isinstance(raw, str) else raw
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise QuickstartError(f"quickstart suites: {raw!r} is not a list of suite names (e.g. --suites code)")
+    unknown = [n for n in names if n not in SUITES]
+    if unknown or len(set(names)) != len(names):
+        raise QuickstartError(f"quickstart suites: {raw!r}: choose distinct names among {', '.join(SUITES)}")
+    return names
+
+
+def suite_defaults(suites: list[str]) -> dict:
+    """The settings a run on exactly these suites starts from instead of the class defaults (SUITE_DEFAULTS)."""
+    return dict(SUITE_DEFAULTS.get(tuple(suites), {}))
 
 
 class QuickstartError(UserError):
@@ -452,11 +539,12 @@ def _setting_value(key: str, raw: str, field):
 
 
 def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
-    """The settings of `agentrl quickstart [--smoke] [--set KEY=VALUE ...]`: defaults, then SMOKE, then --set."""
+    """The settings of `agentrl quickstart [--suites S] [--smoke] [--set KEY=VALUE ...]`: the class defaults, then
+    the suites' own defaults (SUITE_DEFAULTS: `--suites code`), then SMOKE, then --set."""
     import dataclasses
     import difflib
 
-    values = dict(SMOKE) if args.smoke else {}
+    values = {}
     fields = {f.name: f for f in dataclasses.fields(QuickstartSettings)}
     for item in args.set:
         key, _, raw = item.partition("=")
@@ -467,9 +555,16 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
         if key in OWN_OPTIONS:
             raise QuickstartError(f"quickstart --set: {key} has its own option; use {OWN_OPTIONS[key]}")
         values[key] = _setting_value(key, raw, fields[key])
+    if getattr(args, "suites", None) is not None:
+        if "suites" in values:
+            raise QuickstartError("quickstart: give the suites once, with --suites or with --set suites=...")
+        values["suites"] = args.suites
+    suites = parse_suites(values.get("suites", QuickstartSettings().suites))
+    values = {**suite_defaults(suites), **(SMOKE if args.smoke else {}), **values, "suites": suites}
     run_dir = args.run_dir or (SMOKE_RUN_DIR if args.smoke else QuickstartSettings.run_dir)
     s = QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
+    check_sandbox_setting(s)
     if s.rl_overrides:  # a bad key fails now, not after the SFT phase
         from agentrl.config import ConfigError
 

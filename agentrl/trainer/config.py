@@ -340,6 +340,9 @@ class TrainerConfig:
     ray_address: str | None = None  # None: start a local Ray; "auto" or an address: join a cluster
     ray_num_cpus: int | None = None  # local Ray only; None: Ray's default
     save_hf_model: bool = True  # after the last step, write the trained policy as an HF model to run_dir/final_model
+    # stop the run (InfraFailureError) when more than this share of a step's episodes failed for an infrastructure
+    # reason (sandbox or tool service unreachable, 5xx): 1.0 never stops; such episodes are always dropped
+    max_infra_failed_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if self.total_steps < 1:
@@ -352,6 +355,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.loggers: unknown {bad}; choose from {sorted(allowed)}")
         if self.val_n < 1:
             raise ValueError(f"trainer.val_n must be >= 1, got {self.val_n}")
+        if not 0.0 <= self.max_infra_failed_fraction <= 1.0:
+            raise ValueError(f"trainer.max_infra_failed_fraction must be in [0, 1], got {self.max_infra_failed_fraction}")
 
 
 @dataclass

@@ -117,6 +117,21 @@ def group_by_uid(episodes: list[Episode]) -> dict[str, list[Episode]]:
     return groups
 
 
+class InfraFailureError(RuntimeError):
+    """Too many of a step's episodes failed for an infrastructure reason (trainer.max_infra_failed_fraction)."""
+
+
+def check_infra_failures(step: int, metrics: dict, limit: float) -> None:
+    """Raise InfraFailureError when the step's share of infra-failed episodes is above `limit`."""
+    generated = metrics.get("data/episodes_generated", 0.0)
+    failed = metrics.get("data/infra_failed", 0.0)
+    if generated and failed / generated > limit:
+        raise InfraFailureError(f"step {step}: {failed:.0f} of {generated:.0f} episodes failed for an "
+                                "infrastructure reason (a tool service or the sandbox is unreachable or failing), "
+                                f"more than trainer.max_infra_failed_fraction={limit}; see the episodes' tool "
+                                "errors in episodes.jsonl and the services' logs")
+
+
 def has_signal(group: list[Episode]) -> bool:
     """A group teaches something only if its rewards differ (otherwise every GRPO advantage is 0)."""
     return len(group) > 1 and len({ep.reward for ep in group}) > 1
@@ -454,6 +469,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         for step in range(start.step + 1, cfg.trainer.total_steps + 1):
             metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers, engine=engine,
                                        pad_token_id=pad_token_id, critic=critic, kl_ctrl=kl_ctrl)
+            check_infra_failures(step, metrics, cfg.trainer.max_infra_failed_fraction)
             last = step == cfg.trainer.total_steps
             if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
                 metrics.update(await validate(val_rollout, val_tasks, step))

@@ -60,3 +60,37 @@ def test_taken_port_is_a_clear_error(tmp_path):
                               capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert f"port {port} on 127.0.0.1 is taken" in proc.stderr
+
+
+def test_code_smoke_quickstart_runs_code_only_in_the_sandbox(tmp_path):
+    """`--suites code --smoke`: demos graded in the sandbox, the python tool served over HTTP on the sandbox,
+    unit-test rewards in the sandbox for both evaluations and GRPO; every service stops."""
+    import yaml
+
+    run_dir = tmp_path / "qs-code"
+    proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "quickstart", "--suites", "code", "--smoke",
+                           "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for phase in range(1, 9):
+        assert f"[{phase}/8]" in out
+    tools_port, sandbox_url = re.search(r"tools at http://127.0.0.1:(\d+), sandbox at (http://127.0.0.1:\d+) "
+                                        r"\(isolation: ([^)]+)\)", out).group(1, 2)
+    assert "(isolation: bwrap" in out or "(isolation: docker" in out
+    assert "3 tools: calculator, lookup, python" in (run_dir / "logs" / "tools.log").read_text()
+    report = (run_dir / "report.md").read_text()
+    assert '"suites": [\n  "code"\n ],' in report and "| tasks | 8 | 8 |" in report
+    heldout = [json.loads(line) for line in (run_dir / "data" / "heldout" / "tasks.jsonl").read_text().splitlines()]
+    assert {row["data_source"] for row in heldout} == {"code/heldout"}
+    demos = [json.loads(line) for line in (run_dir / "data" / "sft.jsonl").read_text().splitlines()]
+    assert len(demos) == 16 and all(row["data_source"] == "code/train" for row in demos)
+    for name in ("eval-sft", "eval-grpo"):
+        record = json.loads((run_dir / name / "eval.json").read_text())
+        assert record["config"]["reward"]["sandbox_url"] == sandbox_url
+        assert record["summary"]["num_tasks"] == 8 and record["infra_failures"]["count"] == 0
+    grpo = yaml.safe_load((run_dir / "grpo" / "config.yaml").read_text())
+    assert grpo["reward"]["sandbox_url"] == sandbox_url and grpo["trainer"]["max_infra_failed_fraction"] < 1.0
+    metrics = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "actor/pg_loss" in m] == [1, 2]
+    assert sum(m.get("data/infra_failed", 0) for m in metrics) == 0
+    assert not _listening(int(tools_port)) and not _listening(int(sandbox_url.rsplit(":", 1)[1]))

@@ -223,9 +223,9 @@ def test_data_make_hard_heldout(capsys, tmp_path):
     assert not (tmp_path / "x.jsonl").exists()
 
 
-def test_data_make_code_hard(capsys, tmp_path):
-    user_error(capsys, ["data", "make", "code", str(tmp_path / "x.jsonl"), "--split", "train", "--hard", "--n", "3"],
-               "code: there is no hard mix")
+def test_data_make_code_hard_heldout(capsys, tmp_path):
+    user_error(capsys, ["data", "make", "code", str(tmp_path / "x.jsonl"), "--split", "heldout", "--hard", "--n", "3"],
+               "--hard", "--split train")
 
 
 def test_data_make_out_is_a_directory(capsys, tmp_path):

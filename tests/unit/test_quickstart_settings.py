@@ -149,3 +149,53 @@ def test_grpo_tasks_sets_each_suites_share_of_the_rl_prompts(tmp_path):
     data = make_data(s, tmp_path)
     counts = {Path(p).name: len(Path(p).read_text().splitlines()) for p in data["rl"]}
     assert counts == {"calc-rl.jsonl": 12, "lookup-rl.jsonl": 5}
+
+
+def test_suites_option_picks_the_code_defaults_under_smoke_and_set():
+    from agentrl.quickstart import CODE_DEFAULTS
+
+    code = settings("--suites", "code")
+    assert code.suites == ["code"] and all(getattr(code, k) == v for k, v in CODE_DEFAULTS.items())
+    assert settings("--set", "suites=[code]") == code  # the same run, however the suites are given
+    # --smoke and --set still win over the suite's defaults
+    smoke = settings("--suites", "code", "--smoke", "--set", "grpo_steps=3")
+    assert smoke.sft_steps == settings("--smoke").sft_steps and smoke.grpo_steps == 3
+    # the calc and lookup recipe keeps the class defaults, alone or with code
+    default = QuickstartSettings()
+    for s in (settings(), settings("--suites", "calc,lookup"), settings("--suites", "calc,code")):
+        assert (s.sft_demos_per_suite, s.grpo_steps, s.max_response_tokens, s.max_concurrent_episodes) == (
+            default.sft_demos_per_suite, default.grpo_steps, default.max_response_tokens,
+            default.max_concurrent_episodes)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--suites", "cod"], "choose distinct names among calc, lookup, code"),
+    (["--suites", "code,code"], "choose distinct names"),
+    (["--suites", "code", "--set", "suites=[calc]"], "give the suites once"),
+    (["--suites", "code", "--no-sandbox"], "no local fallback: drop --no-sandbox"),
+])
+def test_bad_suites_and_code_without_a_sandbox_fail_before_any_work(argv, match):
+    with pytest.raises(QuickstartError, match=match):
+        settings(*argv)
+
+
+def test_code_runs_grade_and_stop_in_the_sandbox(tmp_path):
+    from agentrl.quickstart import train_config
+
+    code = settings("--suites", "code")
+    cfg = train_config(code, "model", ["rl.jsonl"], "http://127.0.0.1:1", tmp_path, sandbox_url="http://127.0.0.1:2")
+    assert cfg.reward.sandbox_url == "http://127.0.0.1:2" and cfg.trainer.max_infra_failed_fraction < 0.5
+    assert cfg.rollout.max_concurrent_episodes == code.max_concurrent_episodes
+    assert cfg.agent.max_new_tokens_per_turn == code.max_new_tokens_per_turn
+    calc = train_config(settings(), "model", ["rl.jsonl"], "http://127.0.0.1:1", tmp_path)
+    assert calc.reward.sandbox_url is None and calc.trainer.max_infra_failed_fraction == 1.0
+    assert calc.agent.max_new_tokens_per_turn == 128  # the calc/lookup recipe as measured
+
+
+def test_code_demos_are_made_only_with_a_sandbox(tmp_path):
+    from agentrl.quickstart import make_data
+
+    s = settings("--suites", "code", "--set", "sft_demos_per_suite=2", "heldout_per_suite=2",
+                 "grpo_tasks_per_suite=2")
+    with pytest.raises(QuickstartError, match="verified in the sandbox"):
+        make_data(s, tmp_path)

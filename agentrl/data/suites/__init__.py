@@ -19,7 +19,7 @@ from agentrl.data.suites.common import SPLITS, SuiteError, check_split, write_js
 
 SUITES = ("calc", "lookup", "code")
 SUITE_TOOLS = {"calc": calc.TOOLS, "lookup": lookup.TOOLS, "code": code.TOOLS}
-HARD_MIX_SUITES = ("calc", "lookup")  # suites whose train split has a hard mix (make_suite(..., hard=True))
+HARD_MIX_SUITES = ("calc", "lookup", "code")  # suites whose train split has a hard mix (make_suite(..., hard=True))
 
 
 def check_suite(suite: str) -> None:
@@ -37,15 +37,13 @@ def default_kb_path(out: str | Path) -> Path:
 def make_suite(suite: str, split: str, n: int, seed: int = 0, *, kb_path: str | Path | None = None,
                hard: bool = False) -> tuple[list[dict], list[dict] | None]:
     """(task rows, KB rows or None). `kb_path` is required for "lookup": the tasks point their tool at it.
-    `hard`: the train split's hard mix (more two-step problems, train names and number ranges; calc and lookup)."""
+    `hard`: the train split's hard mix (more multi-step problems, train names and number ranges)."""
     check_suite(suite)
     check_split(split)
     if suite == "calc":
         return calc.make_tasks(split, n, seed, hard=hard), None
     if suite == "code":
-        if hard:
-            raise SuiteError(f"code: there is no hard mix (only {', '.join(HARD_MIX_SUITES)}); drop hard / --hard")
-        return code.make_tasks(split, n, seed), None
+        return code.make_tasks(split, n, seed, hard=hard), None
     if kb_path is None:
         raise ValueError("the lookup suite needs kb_path: the file its tasks' lookup tool will read")
     tasks, kb = lookup.make_tasks(split, n, seed, kb_path=str(kb_path), hard=hard)

@@ -18,6 +18,10 @@ Splits differ in distribution, not only seed:
 - pipeline length: train has 0-2 steps before the reducer, held-out 1-3 (3-step pipelines never occur in train);
 - function names: `verb_noun` names, each name reserved for exactly one split (`common.name_in_split`), so the
   model must copy a name it never saw rather than recall one.
+
+The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) keeps the train names but draws
+1/2/3-step pipelines 15/35/50%: the SFT demonstrations (plain train split) never show a 3-step pipeline, and GRPO
+is where the model learns to write one line per phrase beyond two. Held-out names stay unseen by both.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agentrl.data.suites.common import name_in_split, split_rng, task_row, unique_rows
+from agentrl.data.suites.common import check_hard, name_in_split, split_rng, task_row, unique_rows
 
 NAME = "code"
 TOOLS = ["python"]
@@ -36,6 +40,7 @@ VERBS = ["count", "sum", "pick", "scan", "mix", "fold", "sift", "tally", "crunch
 NOUNS = ["values", "items", "nums", "data", "scores", "points", "marks", "ticks", "coins", "steps"]
 
 STEP_COUNTS = {"train": ((0, 1, 2), (0.2, 0.45, 0.35)), "heldout": ((1, 2, 3), (0.2, 0.4, 0.4))}
+HARD_STEP_COUNTS = ((1, 2, 3), (0.15, 0.35, 0.5))  # the train split's hard mix (RL tasks)
 
 
 @dataclass(frozen=True)
@@ -109,8 +114,8 @@ def function_names(split: str) -> list[str]:
     return [f"{v}_{n}" for v in VERBS for n in NOUNS if name_in_split(f"{v}_{n}", split)]
 
 
-def _task(rng: random.Random, split: str, names: list[str]) -> CodeTask:
-    counts, weights = STEP_COUNTS[split]
+def _task(rng: random.Random, split: str, names: list[str], hard: bool = False) -> CodeTask:
+    counts, weights = HARD_STEP_COUNTS if hard else STEP_COUNTS[split]
     k = rng.choices(counts, weights=weights)[0]
     kinds = rng.sample(TRANSFORMS, k)  # distinct kinds: no "sorts ..., then sorts ..."
     return CodeTask(rng.choice(names), [_transform(kind, rng) for kind in kinds], rng.choice(REDUCERS))
@@ -130,13 +135,16 @@ def describe(task: CodeTask, example: list[int]) -> str:
             f"Example: {task.entry_point}({example!r}) == {task.reference(example)!r}")
 
 
-def make_tasks(split: str, n: int, seed: int = 0) -> list[dict]:
-    """`n` distinct code tasks of `split` ("train" | "heldout"), fully determined by (split, n, seed)."""
+def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list[dict]:
+    """`n` distinct code tasks of `split` ("train" | "heldout"), fully determined by (split, n, seed, hard).
+    `hard`: the train split's hard mix (see the module docstring)."""
+    if hard:
+        check_hard(NAME, split)
     rng = split_rng(NAME, split, seed)
     names = function_names(split)
 
     def one() -> dict:
-        task = _task(rng, split, names)
+        task = _task(rng, split, names, hard)
         example = [rng.randint(0, 20) for _ in range(rng.randint(4, 6))]
         cases = [example, []] + [_random_list(rng, rng.randint(1, 8)) for _ in range(3)]
         tests = "\n".join(f"assert {task.entry_point}({xs!r}) == {task.reference(xs)!r}" for xs in cases)

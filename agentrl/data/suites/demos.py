@@ -10,10 +10,15 @@ and a `tool` message with the tool's real output, then a final assistant message
 - lookup: lookup(entity) once per hop, the second hop on the value the first response showed; answer
           `<answer>{value}</answer>`.
 - code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python
-          block. With `sandbox_url` the call goes to the real python tool. Without one the call is *simulated*:
-          the code runs locally in a subprocess (`python -I`, 10 s limit) and its output is rendered by the python
-          tool's own formatter (`sandbox.client.cell_to_text`), so the transcript is the same either way for
-          these programs (they only print). It is our own generated solution, never model output.
+          block. With `sandbox_url` the call goes to the real python tool (a sandbox interpreter session) and the
+          final code is then graded by the task's own unit tests in the sandbox (`run_unit_tests`, the harness the
+          `unit_tests` reward uses): a demonstration whose code does not pass is an error, not a row. Without a
+          sandbox the call is *simulated*: the code runs locally in a subprocess (`python -I`, 10 s limit) and its
+          output is rendered by the python tool's own formatter (`sandbox.client.cell_to_text`), so the
+          transcript is the same either way for these programs (they only print); no unit tests run then. It is
+          our own generated solution, never model output. The quickstart always uses the sandbox.
+          `code_test_call=False`: no python call, the answer straight away (graded the same way); the tool stays
+          offered. A third of the tokens and one sandbox process per episode instead of two.
 
 calculator and lookup outputs come from the real builtin tools, called through `ToolRegistry` exactly as the
 agent loop calls them (lookup reads the task's KB through tools_kwargs). Every transcript is checked before it
@@ -130,11 +135,33 @@ def run_python_locally(code: str) -> str:
     return cell_to_text({"status": "ok", "stdout": proc.stdout, "stderr": proc.stderr})
 
 
-async def solve_code(task: dict, tools) -> list[dict]:
-    """With a `python` tool in `tools` (a sandbox is configured) the call is real; otherwise it is simulated."""
+async def verify_unit_tests(task: dict, code: str, sandbox_url: str) -> None:
+    """The task's unit tests must pass on `code` in the sandbox (the reward's harness); raises DemoError if not,
+    DemoToolUnavailableError when the sandbox cannot run it."""
+    from agentrl.agent_loop.code_tests import run_unit_tests
+    from sandbox.client import SandboxInfraError
+
+    try:
+        report = await run_unit_tests(sandbox_url, code, task["reward"]["tests"])
+    except SandboxInfraError as e:
+        raise DemoToolUnavailableError(f"the sandbox at {sandbox_url} could not grade a demonstration ({e})") from None
+    if report.reward != 1.0:
+        raise DemoError(f"task {task['task_id']}: the reference solution fails its unit tests in the sandbox "
+                        f"({report.kind}: {report.failed_test or ''} {report.error or ''}):\n{code}")
+
+
+async def solve_code(task: dict, tools, *, sandbox_url: str | None = None, test_call: bool = True) -> list[dict]:
+    """With a `python` tool in `tools` (a sandbox is configured) the call is real; otherwise it is simulated.
+    With `sandbox_url` the final code is also graded by the task's unit tests in that sandbox. `test_call=False`:
+    answer without trying the code first."""
     extra = task["extra"]
     entry = task["reward"]["entry_point"]
     solution = extra["solution"]
+    answer = _answer_message(f"```python\n{solution}\n```")
+    if not test_call:
+        if sandbox_url is not None:
+            await verify_unit_tests(task, solution, sandbox_url)
+        return [*task["prompt"], answer]
     probe = f"{solution}\nprint({entry}({extra['example']!r}))"
     if "python" in tools.names():
         async with tools.episode_session(task["tools_kwargs"]) as session:
@@ -144,8 +171,9 @@ async def solve_code(task: dict, tools) -> list[dict]:
     if output.strip() != str(extra["expected"]):
         raise DemoError(f"task {task['task_id']}: the reference solution printed {output[:300]!r} on the example, "
                         f"expected {extra['expected']!r}")
-    return [*task["prompt"], _call_message("python", {"code": probe}), _tool_message("python", output),
-            _answer_message(f"```python\n{solution}\n```")]
+    if sandbox_url is not None:
+        await verify_unit_tests(task, solution, sandbox_url)
+    return [*task["prompt"], _call_message("python", {"code": probe}), _tool_message("python", output), answer]
 
 
 SOLVERS = {"calc": solve_calc, "lookup": solve_lookup, "code": solve_code}
@@ -164,11 +192,15 @@ def _as_row(task: dict | Task) -> dict:
     return dataclasses.asdict(task) if isinstance(task, Task) else task
 
 
-async def solve(task: dict | Task, tools) -> list[dict]:
+async def solve(task: dict | Task, tools, *, sandbox_url: str | None = None, code_test_call: bool = True) -> list[dict]:
     """The verified transcript (OpenAI messages) solving one suite task (a row or a loaded `Task`), with tool
-    outputs from `tools` (a ToolRegistry)."""
+    outputs from `tools` (a ToolRegistry); `sandbox_url`: grade code tasks' final code by their unit tests there;
+    `code_test_call`: whether code transcripts try the code with the python tool before answering."""
     task = _as_row(task)
-    return await SOLVERS[suite_of(task)](task, tools)
+    suite = suite_of(task)
+    if suite == "code":
+        return await solve_code(task, tools, sandbox_url=sandbox_url, test_call=code_test_call)
+    return await SOLVERS[suite](task, tools)
 
 
 def demo_tools(sandbox_url: str | None = None):
@@ -190,18 +222,25 @@ def tool_schemas(suite: str) -> list[dict]:
     return [builtin_tool(name).schema() for name in SUITE_TOOLS[suite]]
 
 
-async def make_demos(tasks: list[dict] | list[Task], tools=None, *, sandbox_url: str | None = None) -> list[dict]:
+async def make_demos(tasks: list[dict] | list[Task], tools=None, *, sandbox_url: str | None = None,
+                     concurrency: int = 4, code_test_call: bool = True) -> list[dict]:
     """SFT rows for `tasks` (any mix of suites), in task order. `tools`: a started ToolRegistry with the suites'
-    tools (default: `demo_tools(sandbox_url)`, closed on return)."""
+    tools (default: `demo_tools(sandbox_url)`, closed on return). With `sandbox_url`, code tasks' python calls
+    run in that sandbox and their final code must pass the task's unit tests there. `concurrency`: tasks solved
+    at once (the rows are the same whatever it is); `code_test_call`: see `solve`."""
     own = tools is None
     tools = demo_tools(sandbox_url) if own else tools
+    slots = asyncio.Semaphore(max(1, concurrency))
+
+    async def row(task: dict) -> dict:
+        suite = suite_of(task)
+        async with slots:
+            messages = await solve(task, tools, sandbox_url=sandbox_url, code_test_call=code_test_call)
+        return {"messages": messages, "tools": tool_schemas(suite), "task_id": task["task_id"],
+                "data_source": task["data_source"]}
+
     try:
-        rows = []
-        for task in map(_as_row, tasks):
-            suite = suite_of(task)
-            rows.append({"messages": await solve(task, tools), "tools": tool_schemas(suite),
-                         "task_id": task["task_id"], "data_source": task["data_source"]})
-        return rows
+        return list(await asyncio.gather(*(row(task) for task in map(_as_row, tasks))))
     finally:
         if own:
             await tools.aclose()

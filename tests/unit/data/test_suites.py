@@ -13,6 +13,7 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.data.suites import SUITES, make_suite, write_suite
+from agentrl.data.suites import code as code_suite
 from agentrl.data.suites.demos import make_demos
 
 N = 200
@@ -270,8 +271,23 @@ def test_hard_mix_keeps_train_numbers_and_names_with_more_multi_step_problems(tm
     assert {t["data_source"] for t in calc_hard + lookup_hard} == {"calc/train", "lookup/train"}
 
 
-@pytest.mark.parametrize("suite,split", [("calc", "heldout"), ("lookup", "heldout"), ("code", "train")])
-def test_hard_mix_exists_only_for_the_calc_and_lookup_train_splits(suite, split, tmp_path):
+def test_code_hard_mix_has_three_step_pipelines_with_train_names_only():
+    """The code RL mix: 3-step pipelines (which the SFT demonstrations never show) with train names; the held-out
+    split keeps its unseen names, so it still differs from everything trained on."""
+    plain, hard = _tasks("code", "train", n=200), make_suite("code", "train", 200, 0, hard=True)[0]
+    heldout = _tasks("code", "heldout", n=200)
+    assert {t["extra"]["num_steps"] for t in plain} == {0, 1, 2}
+    assert {t["extra"]["num_steps"] for t in hard} == {1, 2, 3}
+    assert sum(t["extra"]["num_steps"] == 3 for t in hard) / len(hard) > 0.4
+    names = {split: {t["reward"]["entry_point"] for t in rows}
+             for split, rows in (("plain", plain), ("hard", hard), ("heldout", heldout))}
+    assert names["hard"] <= set(code_suite.function_names("train")) and not names["hard"] & names["heldout"]
+    assert {t["data_source"] for t in hard} == {"code/train"}
+    assert all(_run_tests(t["extra"]["solution"], t["reward"]["tests"]) for t in hard)
+
+
+@pytest.mark.parametrize("suite,split", [("calc", "heldout"), ("lookup", "heldout"), ("code", "heldout")])
+def test_hard_mix_exists_only_for_the_train_split(suite, split, tmp_path):
     from agentrl.errors import UserError
 
     with pytest.raises(UserError, match="hard") as info:  # a user's mistake: one line from the CLI

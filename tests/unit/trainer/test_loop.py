@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.trainer.config import TrainConfig
-from agentrl.trainer.loop import TaskSampler, collect_episodes
+from agentrl.trainer.loop import InfraFailureError, TaskSampler, check_infra_failures, collect_episodes
 from agentrl.types import Episode, Task
 
 
@@ -49,6 +49,19 @@ async def test_infra_failed_episodes_are_dropped_and_counted():
     assert stats["data/infra_failed"] == 4
     assert stats["data/zero_var_groups"] == 1  # "a" keeps two episodes, both reward 1
     assert stats["data/signal_groups"] == 0  # so the step has nothing to learn from
+
+
+async def test_a_step_with_too_many_infra_failures_stops_the_run():
+    tasks = [task("a", [1, 0, 1], infra=[1]), task("b", [0, 1, 0], infra=[0, 1, 2])]
+    _, stats, _ = await collect_episodes(ScriptedRollout(3), TaskSampler(tasks, 2, shuffle=False, seed=0), cfg(),
+                                         step=1)
+    check_infra_failures(1, stats, 1.0)  # the default: never stops (4 of 6 failed)
+    check_infra_failures(1, stats, 0.7)
+    with pytest.raises(InfraFailureError, match="step 1: 4 of 6 episodes failed"):
+        check_infra_failures(1, stats, 0.5)
+    assert cfg().trainer.max_infra_failed_fraction == 1.0
+    with pytest.raises(ValueError, match="max_infra_failed_fraction"):
+        cfg("trainer.max_infra_failed_fraction=1.5")
 
 
 async def test_zero_variance_groups_are_refilled_from_new_tasks():
