@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-
 import httpx
 import pytest
 
 from helpers import free_port, service
-from sandbox_testlib import SECRET
-SERVICE_SETTINGS = ["max_concurrency=2", "tmpfs_mb=64", "max_file_bytes=33554432", "pids_limit=64",
-                    "default_memory_mb=256", "max_sessions=4", "max_output_bytes=65536",
-                    "output_kill_bytes=8388608", "session_interrupt_grace_s=1.0"]
-
-
-def bwrap_unavailable_reason() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return "the bwrap backend needs Linux"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (make bwrap)"
-    if os.geteuid() != 0:
-        return "cgroup limits need root (or a delegated cgroup subtree)"
-    return None
+from sandbox_testlib import SECRET, SERVICE_SETTINGS, bwrap_unavailable_reason
 
 
 @pytest.fixture(scope="session")

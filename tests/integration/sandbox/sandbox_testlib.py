@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+
 import httpx
 
 SECRET = "agentrl-sandbox-test-secret-4f1d"  # set in the service's environment; must never reach the code
@@ -26,3 +30,18 @@ def check(body: dict, status: str, exit_reason: str, run_status: str = "Finished
     assert body["status"] == status, body
     assert body["exit_reason"] == exit_reason, body
     assert body["run_result"]["status"] == run_status, body
+
+
+SERVICE_SETTINGS = ["max_concurrency=2", "tmpfs_mb=64", "max_file_bytes=33554432", "pids_limit=64",
+                    "default_memory_mb=256", "max_sessions=4", "max_output_bytes=65536",
+                    "output_kill_bytes=8388608", "session_interrupt_grace_s=1.0"]
+
+
+def bwrap_unavailable_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "the bwrap backend needs Linux"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (make bwrap)"
+    if os.geteuid() != 0:
+        return "cgroup limits need root (or a delegated cgroup subtree)"
+    return None

@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import pytest
-from sandbox_testlib import assert_benign, run
+from sandbox_testlib import SERVICE_SETTINGS, assert_benign, bwrap_unavailable_reason, run
 
 from helpers import REPO_ROOT, free_port, service
 
@@ -88,8 +88,6 @@ def test_docker_backend_without_engine_refuses_to_start():
 
 def test_bwrap_per_sandbox_without_the_zygote():
     """`zygote=false`: every sandbox is a bwrap process (the path without cgroups too): same results."""
-    from conftest import SERVICE_SETTINGS, bwrap_unavailable_reason
-
     if reason := bwrap_unavailable_reason():
         pytest.skip(reason)
     port = free_port()
@@ -115,7 +113,6 @@ def test_bwrap_per_sandbox_without_the_zygote():
 def test_a_zygote_that_cannot_start_falls_back_to_bwrap(monkeypatch):
     import asyncio
 
-    from conftest import bwrap_unavailable_reason
     from sandbox.backends.base import BackendError, ExecRequest
     from sandbox.backends.bwrap import BwrapBackend
     from sandbox.backends.zygote import Zygote

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from sandbox_testlib import bwrap_unavailable_reason
 
 from helpers import REPO_ROOT
 
@@ -14,7 +15,6 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_sandbox_small_run():
-    from conftest import bwrap_unavailable_reason
 
     if reason := bwrap_unavailable_reason():
         pytest.skip(reason)
