@@ -42,3 +42,22 @@ def service(args: list[str], health_url: str, timeout: float = 60.0, env: dict |
     cmd = args if args[0] != "python" else [sys.executable, *args[1:]]
     with run_service(cmd, health_url, name=" ".join(args[:4]), env=env, cwd=REPO_ROOT, timeout_s=timeout) as proc:
         yield proc
+
+
+@contextlib.contextmanager
+def sandbox_service(*settings: str) -> Iterator[str]:
+    """A sandbox service (bwrap backend) on a free loopback port for one test module; yields its URL. Skips
+    the test where bubblewrap is missing."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (make bwrap)")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["python", "-m", "sandbox", "serve", "--port", str(port)]
+    for item in settings:
+        args += ["--set", item]
+    with service(args, f"{url}/v1/ping"):
+        yield url

@@ -59,12 +59,9 @@ def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | No
     args = [bwrap, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
             "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
-            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
+            "--hostname", "sandbox"]
+    for top, link in root_tops():
+        args += ["--symlink", link, top] if link is not None else ["--ro-bind", top, top]
     if not prefix.startswith("/usr/"):
         args += ["--ro-bind", prefix, prefix]
     for path in ETC_FILES:
@@ -76,6 +73,18 @@ def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | No
     for key, value in sandbox_env(prefix).items():
         args += ["--setenv", key, value]
     return args
+
+
+def root_tops() -> list[tuple[str, str | None]]:
+    """The top-level system directories a sandbox gets, read-only: (path, symlink target) where the host has that
+    path as a symlink (`/lib -> usr/lib`), (path, None) for a directory; /usr always."""
+    tops: list[tuple[str, str | None]] = [("/usr", None)]
+    for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
+        if os.path.islink(top):
+            tops.append((top, os.readlink(top)))
+        elif os.path.isdir(top):
+            tops.append((top, None))
+    return tops
 
 
 def sandbox_env(prefix: str) -> dict[str, str]:
@@ -307,7 +316,7 @@ class BwrapBackend:
                                "and pids controllers): fork and memory bombs would not be contained. "
                                "Pass --allow-unsafe to run anyway")
         if self.isolate and self.cgroups is not None and os.geteuid() == 0 and self.cfg.zygote:
-            config = {**layout(self.cfg, self.prefix, WORKDIR, ETC_FILES), "uid": SANDBOX_UID,
+            config = {**layout(self.cfg, self.prefix, WORKDIR, ETC_FILES, root_tops()), "uid": SANDBOX_UID,
                       "seccomp": seccomp.build_filter() if self.seccomp else None}
             try:
                 config["nsutil"] = await asyncio.to_thread(nsutil.build)

@@ -31,14 +31,9 @@ def zygote_source() -> str:
     return "\n\n".join([(_HERE / "prelude_src.py").read_text(), *parts, (_HERE / "zygote_src.py").read_text()])
 
 
-def layout(cfg: SandboxConfig, prefix: str, workdir: str, etc_files: tuple[str, ...]) -> dict:
-    """The sandbox's file system for the zygote, the same one bwrap_args() gives bwrap."""
-    tops: list[tuple[str, str | None]] = [("/usr", None)]
-    for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
-        if os.path.islink(top):
-            tops.append((top, os.readlink(top)))
-        elif os.path.isdir(top):
-            tops.append((top, None))
+def layout(cfg: SandboxConfig, prefix: str, workdir: str, etc_files: tuple[str, ...],
+           tops: list[tuple[str, str | None]]) -> dict:
+    """The sandbox's file system for the zygote, the same one bwrap_args() gives bwrap (`tops`: root_tops())."""
     return {"tops": tops, "ro_dirs": [] if prefix.startswith("/usr/") else [prefix],
             "etc_files": [p for p in etc_files if os.path.exists(p)], "tmpfs_bytes": cfg.tmpfs_mb * 1024 * 1024,
             "workdir": workdir, "hostname": "sandbox"}

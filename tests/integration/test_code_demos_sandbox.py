@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import shutil
 
 import pytest
-from helpers import free_port, service
+from helpers import free_port, sandbox_service
 
 from agentrl.agent_loop.code_tests import run_unit_tests
 from agentrl.data.suites import make_suite
@@ -19,12 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def sandbox_url():
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (make bwrap)")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with service(["python", "-m", "sandbox", "serve", "--port", str(port), "--set", "max_concurrency=2"],
-                 f"{url}/v1/ping"):
+    with sandbox_service("max_concurrency=2") as url:
         yield url
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
-from helpers import free_port, service
+from helpers import free_port, sandbox_service
 
 from agentrl.agent_loop import AgentLoopConfig, RewardConfig, RolloutConfig, RolloutManager
 from agentrl.agent_loop.rewards import compute_reward
@@ -28,12 +27,7 @@ def _task() -> Task:
 
 @pytest.fixture(scope="module")
 def sandbox_url():
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (make bwrap)")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with service(["python", "-m", "sandbox", "serve", "--port", str(port), "--set", "max_concurrency=2"],
-                 f"{url}/v1/ping"):
+    with sandbox_service("max_concurrency=2") as url:
         yield url
 
 
