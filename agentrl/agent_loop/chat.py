@@ -30,6 +30,62 @@ from dataclasses import dataclass
 
 _BASE = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
 
+# Key order of a rendered tool schema. The chat template writes each schema with `tojson`, which keeps the dict's
+# key order, so the same tool read from two sources (the tool service's /tools, an SFT file written with sorted
+# keys) would give the model two different prompts. Known keys come in the conventional order, any other key
+# after them in sorted order.
+_TOOL_KEYS = ("type", "function")
+_FUNCTION_KEYS = ("name", "description", "parameters")
+_SCHEMA_KEYS = ("type", "description")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> schema
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # [schema, ...]
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else")  # schema (or a bool)
+
+
+def _ordered(d: dict, first: tuple[str, ...]) -> list[str]:
+    return [k for k in first if k in d] + sorted(k for k in d if k not in first)
+
+
+def _canonical_schema(node):
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k in _ordered(node, _SCHEMA_KEYS):
+        v = node[k]
+        if k in _SCHEMA_MAPS and isinstance(v, dict):
+            v = {name: _canonical_schema(v[name]) for name in sorted(v)}
+        elif k in _SCHEMA_LISTS and isinstance(v, list):
+            v = [_canonical_schema(x) for x in v]
+        elif k in _SCHEMA_ONE:
+            v = _canonical_schema(v)
+        out[k] = v
+    return out
+
+
+def canonical_tools(tools: list[dict] | None) -> list[dict] | None:
+    """The tool list as every path renders it: tools sorted by function name, keys in one fixed order
+    (type, function; name, description, parameters; JSON Schema nodes type, description, then sorted; argument
+    names sorted). SFT demonstrations and rollouts then see the same prompt tokens for the same set of tools,
+    whatever order their source wrote the keys in."""
+    if not tools:
+        return None
+
+    def one(tool: dict) -> dict:
+        out = {}
+        for k in _ordered(tool, _TOOL_KEYS):
+            v = tool[k]
+            if k == "function" and isinstance(v, dict):
+                v = {fk: (_canonical_schema(v[fk]) if fk == "parameters" else v[fk])
+                     for fk in _ordered(v, _FUNCTION_KEYS)}
+            out[k] = v
+        return out
+
+    def name(tool: dict) -> str:
+        fn = tool.get("function")
+        return str(fn.get("name", "")) if isinstance(fn, dict) else str(tool.get("name", ""))
+
+    return [one(t) for t in sorted(tools, key=name)]
+
 
 class TemplateError(ValueError):
     """The tokenizer's chat template cannot produce the tokens between turns (not usable for multi-turn RL)."""
@@ -42,11 +98,12 @@ class Delta:
 
 
 class ChatTemplate:
-    """Renders conversations with one tokenizer and one tool list (OpenAI function schemas or None)."""
+    """Renders conversations with one tokenizer and one tool list (OpenAI function schemas or None), in the
+    canonical order of `canonical_tools`."""
 
     def __init__(self, tokenizer, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
-        self.tools = tools or None
+        self.tools = canonical_tools(tools)
         self.end_of_turn = self._find_end_of_turn()
         self.end_of_turn_id = self._single_token_id(self.end_of_turn)
 

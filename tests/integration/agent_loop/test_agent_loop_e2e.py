@@ -113,7 +113,7 @@ async def test_rollout_through_local_engine_and_http_tools(taught_model, wait_se
         # than the template's stays verbatim in the content); only ids that are not the tokenizer's encoding of
         # their own text cannot be reproduced, and the episode counts those turns.
         if episode.finish_reason == "max_turns" and not episode.metrics.get("noncanonical_token_turns"):
-            text = tokenizer.apply_chat_template(episode.messages, tools=schemas, tokenize=False)
+            text = tokenizer.apply_chat_template(episode.messages, tools=canonical_tools(schemas), tokenize=False)
             rendered = tokenizer.encode(text, add_special_tokens=False)
             assert rendered[:len(full)] == full and tokenizer.decode(rendered[len(full):]) == "\n"
     greedy_eps = episodes[:4]

@@ -93,3 +93,99 @@ def test_boundary_problem_is_reported(fresh_tokenizer):
     fresh_tokenizer.chat_template = DROPS_PAST_THINKING.replace("{{- '<|im_start|>assistant\\n' -}}{%- endif",
                                                                 "{{- '<|im_start|>assistant' -}}{%- endif")
     assert "differ" in ChatTemplate(fresh_tokenizer).boundary_problem()
+
+
+SCHEMA = {"type": "function", "function": {
+    "name": "search", "description": "Search the index.",
+    "parameters": {"type": "object", "properties": {
+        "query": {"type": "string", "description": "what to find"},
+        "filters": {"type": "array", "items": {"type": "object", "properties": {"field": {"type": "string"},
+                                                                                "value": {"type": "string"}}}},
+        "mode": {"anyOf": [{"type": "string", "enum": ["fast", "exact"]}, {"type": "null"}], "default": None}},
+        "required": ["query"]}}}
+OTHER = {"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+def _reversed_keys(node):
+    """The same JSON value with every object's keys in reverse order (lists keep their order)."""
+    if isinstance(node, dict):
+        return {k: _reversed_keys(node[k]) for k in reversed(list(node))}
+    if isinstance(node, list):
+        return [_reversed_keys(x) for x in node]
+    return node
+
+
+def test_canonical_tools_fix_one_key_order_whatever_the_source():
+    import json
+
+    from agentrl.agent_loop.chat import canonical_tools
+
+    canon = canonical_tools([SCHEMA, OTHER])
+    # sorted keys (a JSONL file written with sort_keys), reversed keys, another tool order: one result
+    for variant in ([json.loads(json.dumps(SCHEMA, sort_keys=True)), OTHER], [_reversed_keys(OTHER),
+                                                                              _reversed_keys(SCHEMA)]):
+        assert json.dumps(canonical_tools(variant)) == json.dumps(canon)
+    add, search = canon  # tools sorted by name
+    assert list(add) == ["type", "function"] and list(add["function"]) == ["name", "description", "parameters"]
+    params = search["function"]["parameters"]
+    assert list(params) == ["type", "properties", "required"]
+    assert list(params["properties"]) == ["filters", "mode", "query"]  # argument names sorted
+    assert list(params["properties"]["query"]) == ["type", "description"]
+    item = params["properties"]["filters"]["items"]
+    assert list(item) == ["type", "properties"] and list(item["properties"]) == ["field", "value"]
+    assert list(params["properties"]["mode"]) == ["anyOf", "default"]
+    assert list(params["properties"]["mode"]["anyOf"][0]) == ["type", "enum"]
+    assert params["required"] == ["query"] and SCHEMA["function"]["parameters"]["properties"]["query"] == {
+        "type": "string", "description": "what to find"}  # input untouched
+    assert canonical_tools(None) is None and canonical_tools([]) is None
+
+
+@pytest.mark.parametrize("which", ["tiny", "qwen2"])
+def test_prompt_tokens_do_not_depend_on_the_schema_key_order(which, tiny_model_dir, qwen2_tokenizer_dir):
+    import json
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir if which == "tiny" else qwen2_tokenizer_dir)
+    question = [{"role": "user", "content": "Find cats."}]
+    ids = ChatTemplate(tok, [SCHEMA, OTHER]).prompt_ids(question)
+    assert ChatTemplate(tok, [json.loads(json.dumps(s, sort_keys=True)) for s in (OTHER, SCHEMA)]).prompt_ids(
+        question) == ids
+    text = tok.decode(ids)
+    assert text.index('"name": "add"') < text.index('"name": "search"')
+    assert '{"type": "function", "function": {"name": "search", "description": "Search the index.", ' in text
+
+
+@pytest.mark.parametrize("suite", ["calc", "lookup"])
+def test_sft_demonstration_prompt_is_the_rollout_prompt(suite, tiny_tokenizer, tmp_path):
+    """The tokens SFT trains a demonstration on begin with exactly the prompt a rollout of its task sends the
+    engine. (The demonstration file is written with sorted keys; before the schemas were put in one order, the
+    tool list in an SFT prompt read `{"function": {"description": ..., "name": ...}, "type": "function"}` while
+    rollouts showed `{"type": "function", "function": {"name": ...}}`.)"""
+    import asyncio
+    import json
+
+    from agentrl.data.suites.demos import demo_tools, write_demos
+    from agentrl.trainer.sft import load_demos, tokenize_demos
+
+    demos = tmp_path / "demos.jsonl"
+    write_demos(suite, 2, demos, seed=3)
+    rows = load_demos([str(demos)])
+    ids, mask = tokenize_demos(tiny_tokenizer, rows, max_length=4096)[0][0]
+    task = json.loads((tmp_path / "demos.tasks.jsonl").read_text().splitlines()[0])
+    engine = ScriptedEngine(tiny_tokenizer, ["<answer>0</answer>"])
+
+    async def rollout():
+        registry = demo_tools()
+        try:
+            loop = ToolAgentLoop(engine, tiny_tokenizer, registry, AgentLoopConfig())
+            await loop.run(Task(prompt=task["prompt"], tools=task["tools"],
+                                tools_kwargs=task.get("tools_kwargs") or None), uid="g0")
+        finally:
+            await registry.aclose()
+
+    asyncio.run(rollout())
+    prompt = engine.calls[0].input_ids
+    assert ids[:len(prompt)] == prompt
+    assert mask[len(prompt) - 1] == 0 and mask[len(prompt)] == 1  # training starts at the first model token

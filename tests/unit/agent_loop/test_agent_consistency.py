@@ -12,6 +12,7 @@ import pytest
 from scripted_engine import ScriptedEngine, model_turn
 
 from agentrl.agent_loop import AgentLoopConfig, ToolAgentLoop
+from agentrl.agent_loop.chat import canonical_tools
 from agentrl.types import Task
 
 QUESTION = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "What is 1+2? Ünïcödé 世界"}]
@@ -20,7 +21,7 @@ QUESTION = [{"role": "system", "content": "Use the tools."}, {"role": "user", "c
 def assert_consistent(episode, engine: ScriptedEngine, tokenizer, schemas) -> None:
     episode.check()
     full = episode.prompt_ids + episode.response_ids
-    text = tokenizer.apply_chat_template(episode.messages, tools=schemas, tokenize=False)
+    text = tokenizer.apply_chat_template(episode.messages, tools=canonical_tools(schemas), tokenize=False)
     rendered = tokenizer.encode(text, add_special_tokens=False)
     assert rendered[:len(full)] == full, _first_difference(full, rendered, tokenizer)
     assert tokenizer.decode(rendered[len(full):]) == "\n"
