@@ -69,8 +69,8 @@ def test_calc_heldout_has_larger_numbers_longer_chains_and_other_people():
         return {_user(t).split()[0] for t in tasks}
 
     assert not people(train) & people(heldout) and len(people(heldout)) >= 3
-    assert max(t["extra"]["num_ops"] for t in train) == 2
-    assert max(t["extra"]["num_ops"] for t in heldout) == 3
+    share3 = [sum(t["extra"]["num_ops"] == 3 for t in rows) / len(rows) for rows in (train, heldout)]
+    assert 0 < share3[0] < 0.15 < share3[1]  # three-operation chains: a few demonstrations, a fifth of held-out
 
 
 def _safe_eval(expression: str) -> int:
@@ -260,7 +260,8 @@ def test_hard_mix_keeps_train_numbers_and_names_with_more_multi_step_problems(tm
     share = [sum(t["extra"]["num_ops"] >= 2 for t in rows) / len(rows) for rows in (calc_plain, calc_hard)]
     assert share[0] < 0.5 < 0.75 < share[1]
     assert {t["extra"]["num_ops"] for t in calc_hard} == {1, 2, 3}
-    assert not any(t["extra"]["num_ops"] == 3 for t in calc_plain)  # SFT demonstrations never show three
+    share3 = [sum(t["extra"]["num_ops"] == 3 for t in rows) / len(rows) for rows in (calc_plain, calc_hard)]
+    assert share3[0] < 0.15 < 0.25 < share3[1]  # few three-operation demonstrations, many in the RL mix
     assert not {t["task_id"] for t in calc_hard} & {t["task_id"] for t in _tasks("calc", "heldout")}
 
     kb = tmp_path / "hard.kb.jsonl"
