@@ -41,7 +41,7 @@ class QuickstartSettings:
     grpo_n: int = 8
     grpo_lr: float = 1e-4
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
-    grpo_tasks_per_suite: int = 1000
+    grpo_tasks_per_suite: int = 4000  # a run draws ~2,400 prompts over both suites: none is drawn twice
     # per-suite RL task counts instead, e.g. {calc: 2000, lookup: 1000}: the step's prompts are drawn in that ratio
     grpo_tasks: dict[str, int] = field(default_factory=dict)
     grpo_hard_tasks: bool = True  # GRPO prompts from the train split's hard mix (`agentrl data make --hard`)
