@@ -17,6 +17,7 @@ from helpers import free_port, service
 
 from agentrl.agent_loop import AgentLoopConfig, RewardConfig, RolloutConfig, RolloutManager
 from agentrl.agent_loop.bench import WAIT_ENV, teach_tool_calls, wait
+from agentrl.agent_loop.chat import canonical_tools
 from agentrl.agent_loop.rollout import read_episodes
 from agentrl.tools import ToolRegistry
 from agentrl.types import Task
