@@ -176,7 +176,7 @@ async def solve_code(task: dict, tools, *, sandbox_url: str | None = None, test_
     return [*task["prompt"], _call_message("python", {"code": probe}), _tool_message("python", output), answer]
 
 
-SOLVERS = {"calc": solve_calc, "lookup": solve_lookup, "code": solve_code}
+SOLVERS = {"calc": solve_calc, "lookup": solve_lookup}  # tools only; code also takes the sandbox (see `solve`)
 
 
 def suite_of(task: dict) -> str:
