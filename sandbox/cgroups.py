@@ -251,6 +251,14 @@ class Cgroup:
             _rmdir_retry(d)
 
 
+def _busy(cg: Cgroup) -> bool:
+    """One SIGKILL pass over the cgroup: True while it still holds a process (or cannot be read)."""
+    try:
+        return bool(cg.kill_pass())
+    except (OSError, CgroupError):
+        return True
+
+
 class CgroupPool:
     """Pre-created cgroups under a per-service parent (inside this process's own cgroup), recycled."""
 
@@ -258,6 +266,7 @@ class CgroupPool:
         self.version = version
         self.name = name or f"agentrl-sandbox-{os.getpid()}"
         self._free: deque[Cgroup] = deque()
+        self._draining: list[Cgroup] = []  # released while the kernel still tears down their last processes
         self._all: list[Cgroup] = []
         self._counter = 0
         if version == 1:
@@ -301,17 +310,34 @@ class CgroupPool:
         return cg
 
     def acquire(self) -> Cgroup:
+        self.reap()
         return self._free.popleft() if self._free else self._create()
 
     def release(self, cg: Cgroup, *, emptied: bool = False) -> None:
-        """Empty the cgroup (unless the caller just did) and make it available again, with its counters as the
-        next use's baseline; a cgroup that cannot be emptied is retired."""
-        try:
-            if not emptied:
-                cg.kill_all()
-            cg.baseline = cg.counters()
-        except CgroupError:
+        """Make the cgroup available again, with its counters as the next use's baseline. A cgroup the caller
+        could not empty (its last processes are still being torn down by the kernel, which takes longer under
+        load) is not waited for here, on the event loop: it gets one more SIGKILL pass and, if processes remain,
+        drains until `reap` finds it empty. No cgroup is retired or reused while it holds a process."""
+        if not emptied and _busy(cg):
+            self._draining.append(cg)
             return
+        self._recycle(cg)
+
+    def reap(self) -> int:
+        """Recycle every draining cgroup that is empty now (one SIGKILL pass over the others); returns how many
+        still drain. Cheap: one read of cgroup.procs per draining cgroup."""
+        still = [cg for cg in self._draining if _busy(cg)]
+        for cg in self._draining:
+            if cg not in still:
+                self._recycle(cg)
+        self._draining = still
+        return len(still)
+
+    def _recycle(self, cg: Cgroup) -> None:
+        try:
+            cg.baseline = cg.counters()
+        except OSError:
+            cg.baseline = None  # the next use reads its base before it starts (bwrap.py)
         self._free.append(cg)
 
     @property
@@ -319,8 +345,13 @@ class CgroupPool:
         return len(self._all)
 
     @property
+    def draining(self) -> int:
+        return len(self._draining)
+
+    @property
     def in_use(self) -> int:
-        return len(self._all) - len(self._free)
+        """Cgroups holding a sandbox (warm, running or being disposed of); draining ones are not counted."""
+        return len(self._all) - len(self._free) - len(self._draining)
 
     def close(self) -> None:
         errors = []

@@ -332,10 +332,13 @@ class BwrapBackend:
         self._wake.set()
 
     def info(self) -> dict:
+        if self.cgroups:
+            self.cgroups.reap()
         return {"backend": self.name, "isolation": self.isolation,
                 "cgroup_version": self.cgroup_version if self.cgroups else None,
                 "cgroups_total": self.cgroups.total if self.cgroups else 0,
                 "cgroups_in_use": self.cgroups.in_use if self.cgroups else 0,
+                "cgroups_draining": self.cgroups.draining if self.cgroups else 0,
                 "cgroup_parents": [str(p) for p in self.cgroups.parents.values()] if self.cgroups else [],
                 "seccomp": self.seccomp, "zygote": self.zygote is not None,
                 "zygote_starts": self.zygote.starts if self.zygote else 0,

@@ -33,6 +33,29 @@ def test_pool_limits_kill_and_cleanup():
     assert not any(p.exists() for p in pool.parents.values())
 
 
+def test_a_cgroup_released_before_it_is_empty_drains_and_is_not_reused_until_empty():
+    """The kernel may still be tearing a sandbox's last processes down when it is disposed of (slow under load):
+    release must neither block nor hand the cgroup out while it holds a process, nor leak it."""
+    pool = CgroupPool(detect_version(), size=1, name=f"agentrl-sandbox-test3-{os.getpid()}")
+    try:
+        cg = pool.acquire()
+        joins = " && ".join(f"echo 0 > {f}" for f in cg.procs_files)
+        # a process that ignores nothing but is stopped: SIGKILL still ends it; until it is reaped it stays
+        proc = subprocess.Popen(["/bin/sh", "-c", f"{joins} && exec sleep 4747.6"])
+        while not cg.procs():
+            time.sleep(0.01)
+        pool.release(cg)  # one kill pass, no wait: the process is still there (its parent has not reaped it)
+        assert pool.draining == 1 and pool.in_use == 0
+        other = pool.acquire()
+        assert other is not cg and pool.total == 2  # a draining cgroup is never handed out
+        proc.wait(timeout=10)  # the zombie is reaped: the cgroup is empty now
+        assert pool.reap() == 0 and pool.draining == 0
+        pool.release(other)
+        assert pool.in_use == 0 and {pool.acquire(), pool.acquire()} == {cg, other}
+    finally:
+        pool.close()
+
+
 def test_stale_pool_of_a_dead_service_is_removed():
     stale = CgroupPool(detect_version(), size=1, name="agentrl-sandbox-999999999")  # no such pid
     try:
