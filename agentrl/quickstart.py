@@ -32,6 +32,9 @@ class QuickstartSettings:
     init: str = "copy"  # agentrl init-model --init: random weights plus a hand-set in-context copy circuit
     suites: list[str] = field(default_factory=lambda: ["calc", "lookup"])
     heldout_per_suite: int = 200
+    # the held-out split is also evaluated sampled at the rollout temperature, this many samples per task (0: not):
+    # the success rate GRPO optimises, beside the greedy pass@1 of the headline (docs/quickstart.md#results)
+    sampled_eval_n: int = 4
     sft_demos_per_suite: int = 4000  # about 1.2 epochs at the default SFT steps and batch: few repeats
     sft_steps: int = 600
     sft_batch_size: int = 16
@@ -80,7 +83,7 @@ SUITE_DEFAULTS = {("code",): CODE_DEFAULTS}
 SMOKE_RUN_DIR = "runs/quickstart-smoke"
 SMOKE = dict(smoke=True, size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps=4, sft_batch_size=8,
              grpo_steps=2, grpo_prompts_per_step=2, grpo_n=2, grpo_tasks_per_suite=8, max_response_tokens=96,
-             max_assistant_turns=3, grpo_filter_rounds=0)  # no filtering: both steps update, whatever the rewards
+             max_assistant_turns=3, grpo_filter_rounds=0, sampled_eval_n=2)  # no filtering: both steps update, whatever the rewards
 
 
 def _pick_port(requested: int | None, what: str) -> int:
@@ -252,7 +255,8 @@ REFERENCE_KL = ("actor/kl", "actor/kl: policy vs the reference (SFT) model")
 def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path, *, heldout: dict[str, float] | None = None,
                 window: int = 10) -> None:
     """curves.png: every per-step metric as a faint raw line with a `window`-step moving average on top; the
-    success panel also marks held-out pass@1 after SFT and after GRPO (`heldout`: label -> fraction); the KL
+    success panel also marks the held-out figures (`heldout`: label -> fraction; greedy pass@1 after SFT and
+    after GRPO, then optionally the same two sampled at the rollouts' temperature); the KL
     panel shows `ppo_kl` (how far one update moved from the policy that sampled the batch) and, when logged,
     `actor/kl` (the KL to the frozen reference model)."""
     import matplotlib
@@ -286,9 +290,10 @@ def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path, *, heldout: dict[str, 
             else:
                 ax.plot([], [], " ", label="actor/kl (to the reference) not logged: actor.use_kl_loss is off")
         if key == "reward/success_rate" and heldout:
-            for (name, value), color in zip(heldout.items(), ("tab:gray", "tab:green")):
-                ax.axhline(value, color=color, linestyle="--", linewidth=1.5, label=f"held-out pass@1 {name}: "
-                                                                                     f"{value:.1%}")
+            # greedy pass@1 dashed; the sampled success rate (comparable with the train curve) dotted
+            styles = [("tab:gray", "--"), ("tab:green", "--"), ("tab:gray", ":"), ("tab:green", ":")]
+            for (name, value), (color, style) in zip(heldout.items(), styles):
+                ax.axhline(value, color=color, linestyle=style, linewidth=1.5, label=f"held-out {name}: {value:.1%}")
         ax.set_title(title)
         ax.set_xlabel("SFT optimizer step" if source == "sft" else "GRPO step")
         ax.set_ylabel(unit)
@@ -393,12 +398,13 @@ def run_quickstart(s: QuickstartSettings) -> Path:
                                      run_dir=str(root / "sft"), seed=sft_seed(s), log_freq=10)))
             sft_model = sft["output_dir"]
 
-        def held_out_eval(model: str, name: str, out: str) -> dict:
+        def held_out_eval(model: str, name: str, out: str, n: int = 1, temperature: float = 0.0) -> dict:
             registry = ToolRegistry.from_tools_config(ToolsConfig(services=[ServiceConfig(url=tools_url)]))
 
             async def go():
                 try:
-                    return await evaluate(model, data["heldout"], n=1, agent_config=agent_config(s), tools=registry,
+                    return await evaluate(model, data["heldout"], n=n, temperature=temperature,
+                                          agent_config=agent_config(s), tools=registry,
                                           engine_config=engine_config(), reward_config=reward_config(sandbox_url),
                                           max_concurrent_episodes=s.max_concurrent_episodes,
                                           run_dir=root / out, name=name, tasks_source="quickstart held-out")
@@ -407,24 +413,42 @@ def run_quickstart(s: QuickstartSettings) -> Path:
 
             return asyncio.run(go())
 
+        def evaluate_both(model: str, when: str, out: str) -> tuple[dict, dict | None]:
+            """Greedy pass@1 (the headline) and, with sampled_eval_n, the success rate sampled at the rollouts'
+            temperature with pass@k over those samples."""
+            greedy = held_out_eval(model, when, out)
+            print(f"held-out pass@1 {when}: {greedy.get('pass@1', 0.0):.1%}", flush=True)
+            if not s.sampled_eval_n or sampled_t <= 0:  # greedy rollouts: nothing else to sample
+                return greedy, None
+            sampled = held_out_eval(model, f"{when}, sampled", f"{out}-sampled", n=s.sampled_eval_n, temperature=sampled_t)
+            print(f"held-out success sampled at T={sampled_t:g} {when}: {sampled.get('mean@n', 0.0):.1%} "
+                  f"(pass@{s.sampled_eval_n} {sampled.get(f'pass@{s.sampled_eval_n}', 0.0):.1%})", flush=True)
+            return greedy, sampled
+
+        cfg = train_config(s, sft_model, data["rl"], tools_url, root / "grpo", sandbox_url=sandbox_url)
+        sampled_t = cfg.rollout.temperature  # the sampled evaluations use the rollouts' temperature
         with phase("evaluate after SFT on the held-out split"):
-            before = held_out_eval(sft_model, "after SFT", "eval-sft")
-            print(f"held-out pass@1 after SFT: {before.get('pass@1', 0.0):.1%}", flush=True)
+            before, before_sampled = evaluate_both(sft_model, "after SFT", "eval-sft")
         with phase("GRPO with tools (embedded engine + Ray FSDP trainer)"):
-            cfg = train_config(s, sft_model, data["rl"], tools_url, root / "grpo", sandbox_url=sandbox_url)
             train(cfg)
         grpo_model = str(root / "grpo" / FINAL_MODEL_DIR)
         with phase("evaluate after GRPO on the held-out split"):
-            after = held_out_eval(grpo_model, "after GRPO", "eval-grpo")
-            print(f"held-out pass@1 after GRPO: {after.get('pass@1', 0.0):.1%}", flush=True)
+            after, after_sampled = evaluate_both(grpo_model, "after GRPO", "eval-grpo")
 
     with phase("write the report and curves"):
         sft_dir = Path(sft_model).parent  # <run>/sft/model: the metrics lie beside the model
-        plot_curves(sft_dir, root / "grpo", root / "curves.png",
-                    heldout={"after SFT": before.get("pass@1", 0.0), "after GRPO": after.get("pass@1", 0.0)})
+        heldout = {"pass@1 after SFT (greedy)": before.get("pass@1", 0.0),
+                   "pass@1 after GRPO (greedy)": after.get("pass@1", 0.0)}
+        if before_sampled is not None and after_sampled is not None:
+            heldout[f"success after SFT (sampled, T={sampled_t:g})"] = before_sampled.get("mean@n", 0.0)
+            heldout[f"success after GRPO (sampled, T={sampled_t:g})"] = after_sampled.get("mean@n", 0.0)
+        plot_curves(sft_dir, root / "grpo", root / "curves.png", heldout=heldout)
         report = root / "report.md"
+        sampled = ({"after SFT": before_sampled, "after GRPO": after_sampled}
+                   if before_sampled is not None and after_sampled is not None else None)
         report.write_text(report_text(s, {"after SFT": before, "after GRPO": after}, phase.timings,
-                                      time.perf_counter() - started, kernels=kernels))
+                                      time.perf_counter() - started, kernels=kernels, sampled=sampled,
+                                      sampled_temperature=sampled_t))
     delta = after.get("pass@1", 0.0) - before.get("pass@1", 0.0)
     print(f"\nheld-out pass@1: after SFT {before.get('pass@1', 0.0):.1%} -> after GRPO "
           f"{after.get('pass@1', 0.0):.1%} ({delta:+.1%}); report: {report}", flush=True)
@@ -461,16 +485,45 @@ def smoke_note(s: QuickstartSettings) -> str:
             "--smoke for a real before/after comparison.")
 
 
+def sampled_section(greedy: dict[str, dict], sampled: dict[str, dict], n: int, temperature: float) -> list[str]:
+    """report.md's second table: per suite, greedy pass@1 next to the success rate sampled at the rollouts'
+    temperature (mean over `n` samples per task) and pass@n, each after SFT -> after GRPO."""
+    def cell(before: dict, after: dict, key: str) -> str:
+        b, a = before.get(key, 0.0), after.get(key, 0.0)
+        return f"{b:.1%} -> {a:.1%} ({(a - b) * 100:+.1f})"
+
+    def per_suite(results: dict) -> dict[str, dict]:
+        return {"all suites": results, **results.get("by_data_source", {})}
+
+    (gb, ga), (sb, sa) = (per_suite(greedy["after SFT"]), per_suite(greedy["after GRPO"])), \
+        (per_suite(sampled["after SFT"]), per_suite(sampled["after GRPO"]))
+    lines = [f"## Greedy and sampled (T={temperature:g}, {n} samples per task)", "",
+             "Greedy pass@1 is the headline above. GRPO optimises the success rate of *sampled* episodes: the "
+             "same held-out tasks sampled at the rollouts' temperature show how much the policy improved, and "
+             f"pass@{n} how many tasks it solves at all; greedy decoding already takes the most likely answer, "
+             "so it gains less where GRPO mostly makes that answer more likely (docs/quickstart.md#results).", "",
+             f"| suite | greedy pass@1 | sampled success (mean@{n}) | pass@{n} |", "|---|---|---|---|"]
+    for suite in gb:
+        if suite in sb and suite in ga and suite in sa:
+            lines.append(f"| {suite} | {cell(gb[suite], ga[suite], 'pass@1')} | "
+                         f"{cell(sb[suite], sa[suite], 'mean@n')} | {cell(sb[suite], sa[suite], f'pass@{n}')} |")
+    return lines + [""]
+
+
 def report_text(s: QuickstartSettings, results: dict[str, dict], timings: dict[str, float], total_s: float,
-                commit: str | None = None, kernels: str | None = None) -> str:
-    """report.md: (for a smoke run, first) what its numbers mean, the held-out tables, the curves, what produced
-    the run (seed, commit, settings) and the time per phase."""
+                commit: str | None = None, kernels: str | None = None, sampled: dict[str, dict] | None = None,
+                sampled_temperature: float = 1.0) -> str:
+    """report.md: (for a smoke run, first) what its numbers mean, the held-out tables (greedy; with `sampled`,
+    also sampled at the rollouts' temperature), the curves, what produced the run (seed, commit, settings) and
+    the time per phase."""
     from agentrl.evaluation.report import markdown_report
     from agentrl.trainer.console import format_duration
 
     lines = [f"> {smoke_note(s)}", ""] if s.smoke else []
-    lines += [markdown_report("agentrl quickstart: held-out results (same greedy sampling for both)", results),
-              "![curves](curves.png)", "", "## What produced this run", "",
+    lines += [markdown_report("agentrl quickstart: held-out results (same greedy sampling for both)", results)]
+    if sampled is not None:
+        lines += sampled_section(results, sampled, s.sampled_eval_n, sampled_temperature)
+    lines += ["![curves](curves.png)", "", "## What produced this run", "",
               f"- seed: {s.seed} (initial weights, data); SFT seed {sft_seed(s)} (data order)"
               + (f", SFT model reused from {s.sft_model}" if s.sft_model else "")
               + f"; GRPO seed {grpo_seed(s)} (task order, sampling)",

@@ -71,6 +71,24 @@ def test_report_says_what_produced_it_and_what_smoke_numbers_mean():
     assert "smoke run" not in report_text(settings(), results, timings, 80.0, commit="abc123")
 
 
+def test_report_puts_sampled_success_and_pass_at_n_beside_greedy_pass_at_1_per_suite():
+    def summary(p1: float, calc: float, lookup: float, key: str = "pass@1") -> dict:
+        return {key: p1, "pass@4": min(1.0, p1 + 0.1), "num_tasks": 400,
+                "by_data_source": {"calc/heldout": {key: calc, "pass@4": calc + 0.1},
+                                   "lookup/heldout": {key: lookup, "pass@4": lookup + 0.05}}}
+
+    greedy = {"after SFT": summary(0.70, 0.74, 0.66), "after GRPO": summary(0.758, 0.80, 0.715)}
+    sampled = {"after SFT": summary(0.56, 0.64, 0.489, "mean@n"), "after GRPO": summary(0.69, 0.756, 0.629, "mean@n")}
+    report = report_text(settings(), greedy, {}, 1.0, commit="abc", sampled=sampled, sampled_temperature=1.0)
+    assert "## Greedy and sampled (T=1, 4 samples per task)" in report
+    assert "| suite | greedy pass@1 | sampled success (mean@4) | pass@4 |" in report
+    assert ("| calc/heldout | 74.0% -> 80.0% (+6.0) | 64.0% -> 75.6% (+11.6) | 74.0% -> 85.6% (+11.6) |"
+            in report)
+    assert "| lookup/heldout | 66.0% -> 71.5% (+5.5) | 48.9% -> 62.9% (+14.0) |" in report
+    assert report.index("## Greedy and sampled") < report.index("![curves]")
+    assert "## Greedy and sampled" not in report_text(settings(), greedy, {}, 1.0, commit="abc")
+
+
 def test_the_commit_is_known_in_a_checkout_and_said_to_be_unknown_outside(tmp_path):
     commit = source_commit()
     assert len(commit.split()[0]) == 40 or commit.startswith("unknown (")
@@ -97,7 +115,9 @@ def test_curves_are_drawn_with_held_out_marks_and_both_kls(tmp_path):
         {"step": i, "reward/mean": i / 20, "reward/success_rate": i / 25, "actor/ppo_kl": 1e-3, "actor/kl": 0.01 * i,
          "actor/entropy": 0.5, "episode/model_tokens_mean": 40}) + "\n" for i in range(0, 20)))
     out = tmp_path / "curves.png"
-    plot_curves(tmp_path / "sft", tmp_path / "grpo", out, heldout={"after SFT": 0.4, "after GRPO": 0.55})
+    plot_curves(tmp_path / "sft", tmp_path / "grpo", out, heldout={
+        "pass@1 after SFT (greedy)": 0.4, "pass@1 after GRPO (greedy)": 0.55,
+        "success after SFT (sampled, T=1)": 0.3, "success after GRPO (sampled, T=1)": 0.5})
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
