@@ -83,7 +83,8 @@ SUITE_DEFAULTS = {("code",): CODE_DEFAULTS}
 SMOKE_RUN_DIR = "runs/quickstart-smoke"
 SMOKE = dict(smoke=True, size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps=4, sft_batch_size=8,
              grpo_steps=2, grpo_prompts_per_step=2, grpo_n=2, grpo_tasks_per_suite=8, max_response_tokens=96,
-             max_assistant_turns=3, grpo_filter_rounds=0, sampled_eval_n=2)  # no filtering: both steps update, whatever the rewards
+             max_assistant_turns=3, sampled_eval_n=2,
+             grpo_filter_rounds=0)  # no filtering: both steps update, whatever the rewards
 
 
 def _pick_port(requested: int | None, what: str) -> int:
@@ -420,7 +421,8 @@ def run_quickstart(s: QuickstartSettings) -> Path:
             print(f"held-out pass@1 {when}: {greedy.get('pass@1', 0.0):.1%}", flush=True)
             if not s.sampled_eval_n or sampled_t <= 0:  # greedy rollouts: nothing else to sample
                 return greedy, None
-            sampled = held_out_eval(model, f"{when}, sampled", f"{out}-sampled", n=s.sampled_eval_n, temperature=sampled_t)
+            sampled = held_out_eval(model, f"{when}, sampled", f"{out}-sampled", n=s.sampled_eval_n,
+                                    temperature=sampled_t)
             print(f"held-out success sampled at T={sampled_t:g} {when}: {sampled.get('mean@n', 0.0):.1%} "
                   f"(pass@{s.sampled_eval_n} {sampled.get(f'pass@{s.sampled_eval_n}', 0.0):.1%})", flush=True)
             return greedy, sampled

@@ -326,9 +326,11 @@ class CgroupPool:
     def reap(self) -> int:
         """Recycle every draining cgroup that is empty now (one SIGKILL pass over the others); returns how many
         still drain. Cheap: one read of cgroup.procs per draining cgroup."""
-        still = [cg for cg in self._draining if _busy(cg)]
+        still = []
         for cg in self._draining:
-            if cg not in still:
+            if _busy(cg):
+                still.append(cg)
+            else:
                 self._recycle(cg)
         self._draining = still
         return len(still)
