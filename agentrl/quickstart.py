@@ -439,15 +439,14 @@ def run_quickstart(s: QuickstartSettings) -> Path:
 
     with phase("write the report and curves"):
         sft_dir = Path(sft_model).parent  # <run>/sft/model: the metrics lie beside the model
+        # evaluate_both samples both models or neither
+        sampled = {"after SFT": before_sampled, "after GRPO": after_sampled} if before_sampled is not None else None
         heldout = {"pass@1 after SFT (greedy)": before.get("pass@1", 0.0),
                    "pass@1 after GRPO (greedy)": after.get("pass@1", 0.0)}
-        if before_sampled is not None and after_sampled is not None:
-            heldout[f"success after SFT (sampled, T={sampled_t:g})"] = before_sampled.get("mean@n", 0.0)
-            heldout[f"success after GRPO (sampled, T={sampled_t:g})"] = after_sampled.get("mean@n", 0.0)
+        for when, summary in (sampled or {}).items():
+            heldout[f"success {when} (sampled, T={sampled_t:g})"] = summary.get("mean@n", 0.0)
         plot_curves(sft_dir, root / "grpo", root / "curves.png", heldout=heldout)
         report = root / "report.md"
-        sampled = ({"after SFT": before_sampled, "after GRPO": after_sampled}
-                   if before_sampled is not None and after_sampled is not None else None)
         report.write_text(report_text(s, {"after SFT": before, "after GRPO": after}, phase.timings,
                                       time.perf_counter() - started, kernels=kernels, sampled=sampled,
                                       sampled_temperature=sampled_t))
@@ -497,8 +496,8 @@ def sampled_section(greedy: dict[str, dict], sampled: dict[str, dict], n: int, t
     def per_suite(results: dict) -> dict[str, dict]:
         return {"all suites": results, **results.get("by_data_source", {})}
 
-    (gb, ga), (sb, sa) = (per_suite(greedy["after SFT"]), per_suite(greedy["after GRPO"])), \
-        (per_suite(sampled["after SFT"]), per_suite(sampled["after GRPO"]))
+    gb, ga = per_suite(greedy["after SFT"]), per_suite(greedy["after GRPO"])
+    sb, sa = per_suite(sampled["after SFT"]), per_suite(sampled["after GRPO"])
     lines = [f"## Greedy and sampled (T={temperature:g}, {n} samples per task)", "",
              "Greedy pass@1 is the headline above. GRPO optimises the success rate of *sampled* episodes: the "
              "same held-out tasks sampled at the rollouts' temperature show how much the policy improved, and "

@@ -255,7 +255,7 @@ def _busy(cg: Cgroup) -> bool:
     """One SIGKILL pass over the cgroup: True while it still holds a process (or cannot be read)."""
     try:
         return bool(cg.kill_pass())
-    except (OSError, CgroupError):
+    except OSError:
         return True
 
 
@@ -336,10 +336,7 @@ class CgroupPool:
         return len(still)
 
     def _recycle(self, cg: Cgroup) -> None:
-        try:
-            cg.baseline = cg.counters()
-        except OSError:
-            cg.baseline = None  # the next use reads its base before it starts (bwrap.py)
+        cg.baseline = cg.counters()  # reads what it can: an unreadable counter is 0
         self._free.append(cg)
 
     @property

@@ -40,7 +40,7 @@ def test_a_cgroup_released_before_it_is_empty_drains_and_is_not_reused_until_emp
     try:
         cg = pool.acquire()
         joins = " && ".join(f"echo 0 > {f}" for f in cg.procs_files)
-        # a process that ignores nothing but is stopped: SIGKILL still ends it; until it is reaped it stays
+        # a child of this process: SIGKILL ends it, but it stays in the cgroup (a zombie) until we reap it
         proc = subprocess.Popen(["/bin/sh", "-c", f"{joins} && exec sleep 4747.6"])
         while not cg.procs():
             time.sleep(0.01)
