@@ -7,8 +7,6 @@ Temperature 0 means greedy (argmax of the raw logits) and its logprobs are repor
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 
 from agentrl.types import SamplingParams
@@ -64,16 +62,23 @@ def mask_tokens(logits_B_V: torch.Tensor, banned: list[frozenset[int] | None]) -
     return out
 
 
-PARALLEL_MIN_VOCAB = 16384  # rows are drawn on a thread pool from this vocabulary size on (CPU)
-_POOL: ThreadPoolExecutor | None = None
+def draw_inverse_cdf(probs_R_V: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of `probs_R_V` (non-negative, any row sum > 0), each drawn with one uniform from its row's
+    own generator (None: the global RNG): the first token whose cumulative mass exceeds u * (the row's mass).
 
-
-def _pool() -> ThreadPoolExecutor:
-    """The sampling threads (one per intra-op thread of the first caller, at least 2), started on first use."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, torch.get_num_threads()), thread_name_prefix="agentrl-sample")
-    return _POOL
+    A token of zero mass is never drawn (its cumulative mass equals its predecessor's). A row's draw depends only
+    on its probabilities and its generator, not on the rows beside it, so a seeded request draws the same tokens
+    in any batch; and the whole batch is drawn in a few vectorised passes instead of one sampling call per row
+    (which was most of a CPU decode step for a small model). fp64 keeps the cumulative sums exact enough that
+    the drawn distribution is the computed one to ~1e-12 per token."""
+    probs = probs_R_V.to(torch.float64)
+    cdf = torch.cumsum(probs, dim=-1)
+    u = torch.tensor([torch.rand((), generator=g, dtype=torch.float64).item() for g in generators],
+                     dtype=torch.float64, device=cdf.device)
+    total = cdf[:, -1]
+    # strictly below the row's mass, so some token's cumulative mass exceeds it (u * total can round up to it)
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
 
 
 def sample_batch(logits_B_V: torch.Tensor, params: list[SamplingParams],
@@ -98,23 +103,17 @@ def sample_batch(logits_B_V: torch.Tensor, params: list[SamplingParams],
     tokens_B = torch.from_numpy(logits_B_V.numpy().argmax(-1)) if logits_B_V.device.type == "cpu" else \
         torch.argmax(logits_B_V, dim=-1)
     sampled = [i for i, p in enumerate(params) if p.temperature > 0]
-
-    def draw(i: int) -> int:
-        row = logits_B_V[i] if temps[i] == 1.0 else logits_B_V[i] / temps_B[i]  # x / 1.0 == x: same draw
-        probs = torch.softmax(filter_top_k_top_p(row, params[i].top_k, params[i].top_p), dim=-1)
-        return torch.multinomial(probs, 1, generator=generators[i]).item()
-
-    if len(sampled) > 1 and logits_B_V.shape[-1] >= PARALLEL_MIN_VOCAB and logits_B_V.device.type == "cpu":
-        # Each row has its own generator, so drawing rows on several threads gives the very same tokens; on a
-        # large vocabulary the draw (one exponential per vocabulary entry) dominates a CPU decode step.
-        for i, token in zip(sampled, _pool().map(draw, sampled)):
-            tokens_B[i] = token
-    else:
-        for i in sampled:
-            tokens_B[i] = draw(i)
+    if sampled:
+        # the sampling distribution is the one the logprobs are reported under, then top-k/top-p filtered
+        probs_S_V = (logp_B_V if len(sampled) == len(params) else logp_B_V[sampled]).exp()
+        for j, i in enumerate(sampled):
+            if params[i].top_k > 0 or params[i].top_p < 1.0:
+                row = filter_top_k_top_p(logits_B_V[i] / temps_B[i], params[i].top_k, params[i].top_p)
+                probs_S_V[j] = torch.softmax(row, dim=-1)
+        tokens_B[sampled] = draw_inverse_cdf(probs_S_V, [generators[i] for i in sampled])
     chosen = logp_B_V.gather(1, tokens_B.unsqueeze(-1)).squeeze(-1)
     return tokens_B.tolist(), chosen.tolist()
 
 
-__all__ = ["effective_temperature", "scaled_logprobs", "filter_top_k_top_p", "make_generator", "mask_tokens",
-           "sample_batch"]
+__all__ = ["draw_inverse_cdf", "effective_temperature", "scaled_logprobs", "filter_top_k_top_p", "make_generator",
+           "mask_tokens", "sample_batch"]

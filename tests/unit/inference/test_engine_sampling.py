@@ -83,3 +83,27 @@ def test_banned_tokens_leave_the_distribution_greedy_and_sampled():
     sampled = [sample_batch(logits[:1], [SamplingParams(max_new_tokens=2, seed=s)], [make_generator(s)],
                             [frozenset(range(0, 50, 2))])[0][0] for s in range(50)]
     assert all(t % 2 == 1 for t in sampled)  # a banned id is never drawn
+
+
+def test_inverse_cdf_draws_follow_the_distribution_and_never_a_zero_mass_token():
+    from agentrl.inference.sampling import draw_inverse_cdf
+
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0]])
+    g = make_generator(0)
+    counts = torch.zeros(5)
+    for _ in range(4000):
+        counts[draw_inverse_cdf(probs, [g])] += 1
+    freq = counts / counts.sum()
+    assert counts[1] == 0 and counts[4] == 0  # zero mass, first and last position after mass
+    assert torch.allclose(freq, probs[0], atol=0.03)
+    # unnormalised rows are drawn in proportion; a uniform just below 1 still lands on a token with mass
+    assert draw_inverse_cdf(torch.tensor([[0.0, 2.0, 0.0]]), [make_generator(3)]).tolist() == [1]
+
+
+def test_inverse_cdf_with_a_uniform_at_the_ends(monkeypatch):
+    from agentrl.inference import sampling
+
+    probs = torch.tensor([[0.0, 0.25, 0.75, 0.0]])
+    for u in (0.0, 1.0 - 2 ** -53):  # torch.rand's smallest and largest float64 draws
+        monkeypatch.setattr(sampling.torch, "rand", lambda *a, _u=u, **k: torch.tensor(_u, dtype=torch.float64))
+        assert sampling.draw_inverse_cdf(probs, [None]).tolist() == ([1] if u == 0.0 else [2])

@@ -173,22 +173,23 @@ def test_shared_state_dict_round_trip_keeps_tied_tensors_once():
         writer.close()
 
 
-def test_threaded_sampling_draws_the_same_tokens(monkeypatch):
+def test_a_seeded_row_draws_the_same_tokens_alone_or_in_any_batch():
     torch.manual_seed(0)
-    vocab = sampling.PARALLEL_MIN_VOCAB + 5
-    logits = torch.randn(6, vocab) * 4
+    logits = torch.randn(6, 20_000) * 4  # a production-sized vocabulary
     params = [SamplingParams(max_new_tokens=1, temperature=t, top_k=k, top_p=p)
               for t, k, p in ((1.0, -1, 1.0), (0.7, -1, 1.0), (0.0, -1, 1.0), (1.0, 50, 1.0), (1.0, -1, 0.9),
                               (1.3, -1, 1.0))]
 
-    def draw():
-        gens = [None if p.temperature <= 0 else sampling.make_generator(100 + i) for i, p in enumerate(params)]
-        return sampling.sample_batch(logits, params, gens)
+    def gens():
+        return [None if p.temperature <= 0 else sampling.make_generator(100 + i) for i, p in enumerate(params)]
 
-    threaded = [draw() for _ in range(3)]
-    monkeypatch.setattr(sampling, "PARALLEL_MIN_VOCAB", 10 ** 9)  # one row after the other
-    sequential = draw()
-    assert all(t == sequential for t in threaded)
+    batched = [sampling.sample_batch(logits, params, g) for g in [gens()] for _ in range(3)]
+    alone = [[sampling.sample_batch(logits[i:i + 1], [params[i]], [g[i]]) for _ in range(3)]
+             for g in [gens()] for i in range(len(params))]
+    for k in range(3):
+        assert batched[k][0] == [alone[i][k][0][0] for i in range(len(params))]
+        assert batched[k][1] == pytest.approx([alone[i][k][1][0] for i in range(len(params))], abs=1e-6)
+    assert len({tuple(b[0]) for b in batched}) > 1  # each draw advances the rows' generators
 
 
 def test_rank_stages_its_weights_in_shared_memory_or_declines_without_room(groups, monkeypatch):
