@@ -66,6 +66,10 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
     train_batch_size: int = 8  # prompts per RL step (each rolled out rollout.n times)
+    # prompts per rollout round with algorithm.filter_zero_variance_groups (verl's DAPO key): more than
+    # train_batch_size oversamples, so one round usually yields enough groups with signal instead of several
+    # sequential refill rounds (null: train_batch_size). Later rounds scale the missing count the same way.
+    gen_batch_size: int | None = None
     val_batch_size: int | None = None  # prompts evaluated per validation; None: every val task
     shuffle: bool = True  # reshuffle the training tasks every epoch (seeded by `seed`)
     seed: int = 0
@@ -75,6 +79,9 @@ class DataConfig:
             raise ValueError(f"data.train_batch_size must be >= 1 (prompts per step), got {self.train_batch_size}")
         if self.val_batch_size is not None and self.val_batch_size < 1:
             raise ValueError(f"data.val_batch_size must be >= 1 or null, got {self.val_batch_size}")
+        if self.gen_batch_size is not None and self.gen_batch_size < self.train_batch_size:
+            raise ValueError(f"data.gen_batch_size ({self.gen_batch_size}) must be >= data.train_batch_size "
+                             f"({self.train_batch_size}) or null")
 
 
 @dataclass
@@ -379,6 +386,11 @@ class TrainConfig:
         if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             raise ValueError(f"data.train_batch_size ({self.data.train_batch_size}) must be a multiple of "
                              f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}); both count prompts")
+        if (self.data.gen_batch_size or 0) > self.data.train_batch_size \
+                and not self.algorithm.filter_zero_variance_groups:
+            raise ValueError(f"data.gen_batch_size ({self.data.gen_batch_size}) > data.train_batch_size only serves "
+                             "dynamic sampling: set algorithm.filter_zero_variance_groups=true, or drop "
+                             "data.gen_batch_size (the extra groups would be generated and thrown away)")
         _check_algorithm(self)
         _resolve_critic(self)
         if self.reward.overlong_buffer.enable and self.reward.overlong_buffer.len > self.agent.max_response_tokens:

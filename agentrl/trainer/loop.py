@@ -62,7 +62,7 @@ from agentrl.trainer.checkpoint import (
     save_driver_state,
     save_hf_files,
 )
-from agentrl.trainer.config import TrainConfig
+from agentrl.trainer.config import DataConfig, TrainConfig
 from agentrl.trainer.console import quiet_third_party, run_header
 from agentrl.trainer.metrics import (
     MetricsLogger,
@@ -143,6 +143,14 @@ def load_task_files(paths: list[str]) -> list[Task]:
     return [task for path in paths for task in load_tasks(path)]
 
 
+def round_prompts(wanted: int, data: DataConfig) -> int:
+    """Prompts to roll out for `wanted` more groups: oversampled by gen_batch_size / train_batch_size (DAPO), so
+    the first round draws gen_batch_size prompts and a refill round as many more in proportion."""
+    if not data.gen_batch_size:
+        return wanted
+    return -(-wanted * data.gen_batch_size // data.train_batch_size)
+
+
 async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
                            step: int) -> tuple[list[Episode], dict, list[Episode]]:
     """Roll out one step's tasks; drop infra failures; optionally keep only groups with reward variance,
@@ -155,7 +163,7 @@ async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
     rounds = 1 + (cfg.algorithm.max_filter_rounds if cfg.algorithm.filter_zero_variance_groups else 0)
     for round_index in range(rounds):
         wanted = cfg.data.train_batch_size - len(kept)
-        episodes = await rollout.generate(sampler.next(wanted), step=step)
+        episodes = await rollout.generate(sampler.next(round_prompts(wanted, cfg.data)), step=step)
         for ep in episodes:  # uids restart at task0 each call: make refill rounds distinct groups
             ep.uid = f"{ep.uid}-r{round_index}"
         all_episodes += episodes

@@ -87,6 +87,32 @@ async def test_filter_gives_up_after_max_rounds():
     assert episodes == [] and rollout.calls == 3
 
 
+async def test_gen_batch_size_oversamples_each_round_in_proportion():
+    tasks = [task("flat", [1, 1, 1]), task("good1", [0, 1, 0]), task("flat0", [0, 0, 0]), task("flat1", [1, 1, 1]),
+             task("good2", [1, 0, 0]), task("flat2", [0, 0, 0]), task("good3", [1, 0, 1])]
+    rollout = ScriptedRollout(3)
+    sampler = TaskSampler(tasks, 2, shuffle=False, seed=0)
+    episodes, stats, generated = await collect_episodes(
+        rollout, sampler, cfg("algorithm.filter_zero_variance_groups=true", "data.gen_batch_size=4"), step=1)
+    # round 1: 4 prompts (one group with signal), round 2: 1 missing group x 4/2 = 2 prompts (good2 fills it)
+    assert [ep.task_id for ep in episodes] == ["good1"] * 3 + ["good2"] * 3
+    assert stats["data/rollout_rounds"] == 2 and len(generated) == 6 * 3 and rollout.calls == 2
+    assert sampler.state_dict() == {"epoch": 0, "index": 6}
+    # more groups with signal than the step trains on: the first train_batch_size are kept
+    sampler = TaskSampler([task("a", [0, 1, 0]), task("b", [1, 0, 0]), task("c", [0, 0, 1])], 2, shuffle=False, seed=0)
+    episodes, stats, _ = await collect_episodes(
+        ScriptedRollout(3), sampler, cfg("algorithm.filter_zero_variance_groups=true", "data.gen_batch_size=3"), step=1)
+    assert [ep.task_id for ep in episodes] == ["a"] * 3 + ["b"] * 3 and stats["data/groups"] == 2
+
+
+def test_gen_batch_size_is_checked_at_load():
+    with pytest.raises(ValueError, match="must be >= data.train_batch_size"):
+        cfg("data.gen_batch_size=1", "algorithm.filter_zero_variance_groups=true")
+    with pytest.raises(ValueError, match="only serves dynamic sampling"):
+        cfg("data.gen_batch_size=4")
+    assert cfg("data.gen_batch_size=2").data.gen_batch_size == 2  # equal to the batch: harmless without filtering
+
+
 def test_sampler_state_round_trip_continues_the_same_sequence():
     tasks = [task(str(i), [0, 0, 0]) for i in range(5)]
     a = TaskSampler(tasks, 2, shuffle=True, seed=3)
