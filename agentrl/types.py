@@ -5,7 +5,7 @@ These are plain dataclasses so that they cross process boundaries (Ray, JSONL du
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 FINISH_REASONS_GENERATION = ("stop", "length", "abort")
@@ -123,7 +123,9 @@ class Episode:
             raise ValueError(f"episode {self.uid}: response_mask must hold only 0 and 1")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict for JSON, sharing (not copying) the lists and dicts they hold: `asdict`'s deep
+        copy of every token list was ~4% of a rollout's CPU on the tiny model. Copy before mutating nested values."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Episode":
