@@ -48,4 +48,18 @@ def cpu_kernels() -> str:
     return f"ATen {capability}, MKL_CBWR={os.environ.get('MKL_CBWR', 'unset (CPU default)')}"
 
 
-__all__ = ["PINNED_KERNELS", "cpu_kernels", "pin_cpu_kernels"]
+def host_cpu() -> str:
+    """The CPU this process runs on, for reports: model name, usable cores, and its widest x86 vector unit
+    ("AMD EPYC, 2 cores, AVX-512"); run times and, unpinned, the floats depend on it."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {cores} cores, {vector}"
+
+
+__all__ = ["PINNED_KERNELS", "cpu_kernels", "host_cpu", "pin_cpu_kernels"]

@@ -41,6 +41,9 @@ class QuickstartSettings:
     sft_lr: float = 2e-3
     grpo_steps: int = 160
     grpo_prompts_per_step: int = 8
+    # prompts rolled out per round of dynamic sampling (DAPO's generation batch): about half the groups carry no
+    # signal, so twice the step's prompts in one round usually fill the step without a sequential refill round
+    grpo_gen_prompts_per_step: int = 16
     grpo_n: int = 8
     grpo_lr: float = 1e-4
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
@@ -56,7 +59,7 @@ class QuickstartSettings:
     max_response_tokens: int = 256
     max_assistant_turns: int = 4
     max_new_tokens_per_turn: int = 128  # one model turn (capped by max_response_tokens)
-    max_concurrent_episodes: int = 64  # episodes rolled out at once (GRPO and the held-out evaluations)
+    max_concurrent_episodes: int = 128  # episodes rolled out at once (GRPO and the held-out evaluations)
     seed: int = 0  # initial weights, data (demos, RL tasks, held-out) and, unless set below, SFT and GRPO
     sft_seed: int | None = None  # SFT data order (None: seed); what another machine's rounding would change
     grpo_seed: int | None = None  # GRPO task order and rollout sampling (None: seed)
@@ -64,7 +67,11 @@ class QuickstartSettings:
     # trainer config overrides for the RL phase, e.g. [algorithm.adv_estimator=rloo] or, for PPO with a critic
     # and GAE, [algorithm.adv_estimator=gae, critic.enable=true]: other algorithms on the same SFT model and budget
     rl_overrides: list[str] = field(default_factory=list)
-    pin_kernels: bool = False  # AVX2 kernels for ATen and MKL: other x86-64 machines then compute the same floats
+    # AVX2 kernels for ATen and MKL (agentrl/numerics.py), so every x86-64 machine with AVX2 computes the same
+    # floats and trains the same SFT model (measured: AMD EPYC hosts with AVX-512 and with AVX2 only, the same SFT
+    # loss to 4 digits and 62.5% / 62.5% held-out on both);
+    # false: this CPU's own kernels, whose last-bit rounding gives another SFT model on another CPU
+    pin_kernels: bool = True
     tools_port: int | None = None  # None: a free port
     sandbox_port: int | None = None
     with_sandbox: bool = True
@@ -74,10 +81,11 @@ class QuickstartSettings:
 # and lookup recipe's, measured and documented) and under --smoke and --set. The demonstrations answer at once
 # (code_test_call=False; the python tool stays offered): with a python call first, each episode costs two sandbox
 # processes and three times the tokens, and GRPO alone outran the 20-minute budget. No recipe measured so far
-# makes GRPO beat SFT on this suite's held-out split: docs/quickstart.md#the-code-suite has the runs.
+# makes GRPO beat SFT on this suite's held-out split: docs/quickstart.md#the-code-suite has the runs (rolled out
+# 8 prompts a round, as grpo_gen_prompts_per_step=8 keeps: every episode there also costs the sandbox).
 CODE_DEFAULTS = dict(heldout_per_suite=200, sft_demos_per_suite=2000, sft_steps=600, max_response_tokens=320,
                      max_new_tokens_per_turn=192, max_assistant_turns=3, max_concurrent_episodes=64, grpo_steps=60,
-                     code_test_call=False)
+                     code_test_call=False, grpo_gen_prompts_per_step=8)
 SUITE_DEFAULTS = {("code",): CODE_DEFAULTS}
 
 SMOKE_RUN_DIR = "runs/quickstart-smoke"
@@ -171,12 +179,12 @@ def check_sandbox_setting(s: QuickstartSettings) -> None:
                               "no local fallback: drop --no-sandbox")
 
 
-def engine_config():
+def engine_config(s: QuickstartSettings):
     from agentrl.inference.config import EngineConfig
 
     # One intra-op thread: the engine shares 2 cores with the FSDP workers, and oversubscribed torch threads
-    # slow CPU decoding by an order of magnitude.
-    return EngineConfig(max_batch_size=64, max_model_len=1024, num_threads=1)
+    # slow CPU decoding by an order of magnitude. One decode slot per concurrent episode.
+    return EngineConfig(max_batch_size=s.max_concurrent_episodes, max_model_len=1024, num_threads=1)
 
 
 def sft_seed(s: QuickstartSettings) -> int:
@@ -202,8 +210,10 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
 
     cfg = TrainConfig(
         model=ModelConfig(path=model_path),
-        data=DataConfig(train_files=rl_files, train_batch_size=s.grpo_prompts_per_step, seed=grpo_seed(s)),
-        engine=engine_config(),
+        data=DataConfig(train_files=rl_files, train_batch_size=s.grpo_prompts_per_step, seed=grpo_seed(s),
+                        gen_batch_size=max(s.grpo_prompts_per_step, s.grpo_gen_prompts_per_step)
+                        if s.grpo_filter_rounds > 0 else None),
+        engine=engine_config(s),
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         # seeded sampling: each episode's seed derives from grpo_seed and its group (not from the OS entropy pool)
@@ -355,7 +365,7 @@ def run_quickstart(s: QuickstartSettings) -> Path:
     from agentrl.trainer.resume import move_aside
     from agentrl.trainer.sft import SFTConfig, SFTDataConfig, SFTRunConfig, run_sft
 
-    from agentrl.numerics import cpu_kernels
+    from agentrl.numerics import cpu_kernels, host_cpu
 
     from agentrl.preflight import check_model_dir
 
@@ -369,7 +379,7 @@ def run_quickstart(s: QuickstartSettings) -> Path:
     sandbox_port = _pick_port(s.sandbox_port, "sandbox") if s.with_sandbox else None
     tools_url = f"http://127.0.0.1:{tools_port}"
     quiet_third_party()
-    kernels = cpu_kernels()  # what is in force, pinned or not
+    kernels = f"{cpu_kernels()} on {host_cpu()}"  # what is in force, pinned or not, and on which CPU
     root = Path(s.run_dir)
     if root.exists() and any(root.iterdir()):
         print(f"{root} holds an earlier quickstart: moved it to {move_aside(root)}; this run starts clean", flush=True)
@@ -406,7 +416,7 @@ def run_quickstart(s: QuickstartSettings) -> Path:
                 try:
                     return await evaluate(model, data["heldout"], n=n, temperature=temperature,
                                           agent_config=agent_config(s), tools=registry,
-                                          engine_config=engine_config(), reward_config=reward_config(sandbox_url),
+                                          engine_config=engine_config(s), reward_config=reward_config(sandbox_url),
                                           max_concurrent_episodes=s.max_concurrent_episodes,
                                           run_dir=root / out, name=name, tasks_source="quickstart held-out")
                 finally:

@@ -142,6 +142,21 @@ def test_dynamic_sampling_follows_grpo_filter_rounds(tmp_path):
     assert not off.filter_zero_variance_groups and off.max_filter_rounds == 0
 
 
+def test_dynamic_sampling_oversamples_its_rounds_and_the_engine_decodes_every_concurrent_episode(tmp_path):
+    from agentrl.quickstart import train_config
+
+    def config(**overrides):
+        return train_config(dataclasses.replace(QuickstartSettings(), **overrides), "model", ["rl.jsonl"],
+                            "http://127.0.0.1:1", tmp_path)
+
+    cfg = config()
+    s = QuickstartSettings()
+    assert cfg.data.gen_batch_size == s.grpo_gen_prompts_per_step > cfg.data.train_batch_size
+    assert cfg.engine.max_batch_size == cfg.rollout.max_concurrent_episodes >= s.grpo_gen_prompts_per_step * s.grpo_n
+    assert config(grpo_filter_rounds=0).data.gen_batch_size is None  # nothing to oversample for
+    assert config(grpo_gen_prompts_per_step=2).data.gen_batch_size == s.grpo_prompts_per_step
+
+
 def test_grpo_sampling_is_seeded_by_grpo_seed(tmp_path):
     from agentrl.quickstart import train_config
 
