@@ -71,8 +71,7 @@ def draw_inverse_cdf(probs_R_V: torch.Tensor, generators: list[torch.Generator |
     in any batch; and the whole batch is drawn in a few vectorised passes instead of one sampling call per row
     (which was most of a CPU decode step for a small model). fp64 keeps the cumulative sums exact enough that
     the drawn distribution is the computed one to ~1e-12 per token."""
-    probs = probs_R_V.to(torch.float64)
-    cdf = torch.cumsum(probs, dim=-1)
+    cdf = torch.cumsum(probs_R_V, dim=-1, dtype=torch.float64)
     u = torch.tensor([torch.rand((), generator=g, dtype=torch.float64).item() for g in generators],
                      dtype=torch.float64, device=cdf.device)
     total = cdf[:, -1]
