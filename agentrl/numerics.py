@@ -19,12 +19,21 @@ from pathlib import Path
 PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 
 
-def _has_avx2() -> bool:
+def _cpuinfo() -> str:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
+        return ""
+
+
+def _has_avx2() -> bool:
+    flags = _cpuinfo()
     return " avx2" in flags and " fma" in flags
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. under `taskset`), else the host's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def pin_cpu_kernels() -> dict[str, str]:
@@ -51,15 +60,11 @@ def cpu_kernels() -> str:
 def host_cpu() -> str:
     """The CPU this process runs on, for reports: model name, usable cores, and its widest x86 vector unit
     ("AMD EPYC, 2 cores, AVX-512"); run times and, unpinned, the floats depend on it."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        info = ""
+    info = _cpuinfo()
     names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {cores} cores, {vector}"
+    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {usable_cores()} cores, {vector}"
 
 
-__all__ = ["PINNED_KERNELS", "cpu_kernels", "host_cpu", "pin_cpu_kernels"]
+__all__ = ["PINNED_KERNELS", "cpu_kernels", "host_cpu", "pin_cpu_kernels", "usable_cores"]

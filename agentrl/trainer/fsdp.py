@@ -52,8 +52,9 @@ def rank_threads(world_size: int) -> int:
     and an in-process engine never compute at the same time, and a rank left at one thread idles the other
     cores through every update. On this 2-core machine, 1 -> 2 threads made the update 1.6x faster with
     bit-identical results (`agentrl bench step`; docs/benchmarks.md)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, world_size))
+    from agentrl.numerics import usable_cores
+
+    return max(1, usable_cores() // max(1, world_size))
 
 
 class FSDPWorker:
