@@ -56,6 +56,11 @@ SIZES: dict[str, ModelShape] = {
     # ~0.8M parameters: fast enough for unit tests and CPU RL smoke runs.
     "tiny": ModelShape(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                        intermediate_size=384),
+    # tiny plus a third layer (~1.0M parameters): the copy circuit fills layers 0-1 and the whole 128-dim residual,
+    # the third layer starts as an identity (zero-init output) free for what SFT and RL put there; measured
+    # against tiny in docs/quickstart.md#a-third-layer-session-11
+    "tiny3": ModelShape(hidden_size=128, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+                        intermediate_size=384),
     # ~6.7M parameters: for CPU runs that should visibly learn.
     "small": ModelShape(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
                         intermediate_size=1024),

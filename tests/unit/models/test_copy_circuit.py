@@ -44,7 +44,7 @@ def _copy_accuracy(model_dir) -> float:
     return right / total
 
 
-@pytest.mark.parametrize("size,at_least", [("tiny", 0.6), ("small", 0.8)])
+@pytest.mark.parametrize("size,at_least", [("tiny", 0.6), ("tiny3", 0.6), ("small", 0.8)])
 def test_copy_init_continues_repeated_spans_untrained(tmp_path, size, at_least):
     copy = _copy_accuracy(build_tiny_model(tmp_path / "copy", size=size, init="copy"))
     random_init = _copy_accuracy(build_tiny_model(tmp_path / "random", size=size, init="random"))
@@ -62,6 +62,15 @@ def test_copy_init_is_deterministic_and_trainable(tmp_path):
     loss.backward()
     zero_init = model.model.layers[1].mlp.down_proj.weight  # zero at init, must still receive gradient
     assert zero_init.grad is not None and zero_init.grad.abs().sum() > 0
+
+
+def test_tiny3_third_layer_starts_as_identity(tmp_path):
+    """tiny3's extra layer adds nothing to the residual stream at init: the copy circuit reaches the LM head as in
+    tiny, and the layer's attention and MLP inputs stay random so training can switch it on."""
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, size="tiny3", init="copy"))
+    third = model.model.layers[2]
+    assert not third.self_attn.o_proj.weight.any() and not third.mlp.down_proj.weight.any()
+    assert third.self_attn.q_proj.weight.abs().sum() > 0 and third.mlp.up_proj.weight.abs().sum() > 0
 
 
 def test_unknown_init_names_choices(tmp_path):
