@@ -26,9 +26,13 @@ def _cpuinfo() -> str:
         return ""
 
 
+def _cpu_flags(info: str) -> set[str]:
+    """The first processor's feature flags in /proc/cpuinfo text (every core lists the same)."""
+    return set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+
+
 def _has_avx2() -> bool:
-    flags = _cpuinfo()
-    return " avx2" in flags and " fma" in flags
+    return {"avx2", "fma"} <= _cpu_flags(_cpuinfo())
 
 
 def usable_cores() -> int:
@@ -62,7 +66,7 @@ def host_cpu() -> str:
     ("AMD EPYC, 2 cores, AVX-512"); run times and, unpinned, the floats depend on it."""
     info = _cpuinfo()
     names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    flags = _cpu_flags(info)
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
     return f"{names[0] if names else platform.processor() or 'unknown CPU'}, {usable_cores()} cores, {vector}"
 

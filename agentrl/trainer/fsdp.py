@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from agentrl.numerics import usable_cores
 from agentrl.services import free_port
 from agentrl.trainer.batch import MicroBatchPlan, materialize, plan_micro_batches
 from agentrl.trainer.checkpoint import SHARDS_DIR
@@ -52,8 +53,6 @@ def rank_threads(world_size: int) -> int:
     and an in-process engine never compute at the same time, and a rank left at one thread idles the other
     cores through every update. On this 2-core machine, 1 -> 2 threads made the update 1.6x faster with
     bit-identical results (`agentrl bench step`; docs/benchmarks.md)."""
-    from agentrl.numerics import usable_cores
-
     return max(1, usable_cores() // max(1, world_size))
 
 
