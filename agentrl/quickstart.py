@@ -127,7 +127,7 @@ def make_data(s: QuickstartSettings, data_dir: Path, sandbox_url: str | None = N
     suite's demonstrations run their python call in the sandbox at `sandbox_url` and their final code must pass
     the task's unit tests there (required for that suite)."""
     from agentrl.data.suites import HARD_MIX_SUITES, make_suite, write_suite
-    from agentrl.data.suites.common import write_jsonl, write_kb
+    from agentrl.data.suites.common import write_jsonl
     from agentrl.data.suites.demos import make_demos
     from agentrl.evaluation.run import suite_tasks
 
@@ -137,7 +137,7 @@ def make_data(s: QuickstartSettings, data_dir: Path, sandbox_url: str | None = N
         kb = (data_dir / f"{suite}-sft.kb.jsonl").resolve()
         tasks, kb_rows = make_suite(suite, "train", s.sft_demos_per_suite, s.seed, kb_path=kb)
         if kb_rows is not None:
-            write_kb(kb, kb_rows)
+            write_jsonl(kb, kb_rows)
         if suite == "code" and sandbox_url is None:
             raise QuickstartError("the code suite's demonstrations are verified in the sandbox: start it (drop "
                                   "--no-sandbox)")

@@ -76,7 +76,7 @@ def suite_tasks(spec: str, *, split: str = "heldout", num_tasks: int = 200, seed
     run directory holds exactly what was evaluated; `out_dir` is required for the lookup suite.
     """
     from agentrl.data.suites import SUITES, make_suite
-    from agentrl.data.suites.common import write_jsonl, write_kb
+    from agentrl.data.suites.common import write_jsonl
     from agentrl.data.tasks import load_tasks, task_from_row
 
     path = Path(spec)
@@ -98,7 +98,7 @@ def suite_tasks(spec: str, *, split: str = "heldout", num_tasks: int = 200, seed
         suite_rows, kb_rows = make_suite(name, split, num_tasks, seed, kb_path=kb_path)
         if kb_rows is not None:
             kb_path.parent.mkdir(parents=True, exist_ok=True)
-            write_kb(kb_path, kb_rows)
+            write_jsonl(kb_path, kb_rows)
         rows += suite_rows
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

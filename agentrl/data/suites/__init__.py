@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentrl.data.suites import calc, code, lookup
-from agentrl.data.suites.common import SPLITS, SuiteError, check_split, write_jsonl, write_kb
+from agentrl.data.suites.common import SPLITS, SuiteError, check_split, write_jsonl
 
 SUITES = ("calc", "lookup", "code")
 SUITE_TOOLS = {"calc": calc.TOOLS, "lookup": lookup.TOOLS, "code": code.TOOLS}
@@ -62,7 +62,7 @@ def write_suite(suite: str, split: str, n: int, out: str | Path, *, seed: int = 
     if kb_file is None:
         return [out]
     kb_file.parent.mkdir(parents=True, exist_ok=True)
-    write_kb(kb_file, kb_rows)
+    write_jsonl(kb_file, kb_rows)
     return [out, kb_file]
 
 

@@ -98,14 +98,8 @@ def unique_rows(n: int, make_one: Callable[[], dict], *, what: str) -> list[dict
     return rows
 
 
-def write_jsonl(path, rows: list[dict], *, sort_keys: bool = True) -> None:
-    """Write rows as compact JSON lines, by default with sorted keys, so equal rows give equal bytes."""
+def write_jsonl(path, rows: list[dict]) -> None:
+    """Write rows as compact JSON lines with sorted keys, so equal rows give equal bytes."""
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
-            f.write(json.dumps(row, sort_keys=sort_keys, ensure_ascii=False) + "\n")
-
-
-def write_kb(path, rows: list[dict]) -> None:
-    """Write lookup KB rows keeping each record's fact order: the `lookup` tool shows facts in file order, and the
-    suite draws a random order per record (sorted keys would put every record's facts in one order again)."""
-    write_jsonl(path, rows, sort_keys=False)
+            f.write(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n")

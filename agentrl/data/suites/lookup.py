@@ -9,12 +9,6 @@ needs a call on the question's entity, then a call on the value the first respon
 What a small model must learn: copy the entity name from the question into `lookup`, find the asked relation in
 the response, copy its value either into a second call (two hops) or into `<answer>...</answer>`.
 
-Each KB record lists its facts in its own random order, and the KB file keeps that order (`write_kb`), which is
-the order the tool shows. With one fixed order (the file's sorted keys, as before), "the first fact of the last
-response" answered four of the five two-hop questions, a small model learned that position instead of the
-relation, and the fifth ("Who manages the company X works for?", answered by the *second* fact of a company)
-stayed near 0% through GRPO, which reinforced the shortcut (docs/quickstart.md#shuffled-facts).
-
 Names are quoted in questions ('Who manages "Kalo Works"?') and the tool answers in JSON, so a name is the same
 tokens wherever it appears: after a quote, as in the call's JSON. Unquoted, "Kalo" after a space is another
 token (" Kalo") than inside the call ("Kalo"), and a model of a few million parameters spends most of its
@@ -68,8 +62,7 @@ class KnowledgeBase:
     kinds: dict[str, list[str]]  # "person" | "company" | "city" -> entity names
 
     def rows(self) -> list[dict]:
-        """KB rows sorted by entity name, each with its facts in the record's own order (the JSONL the `lookup`
-        tool reads; write them with `write_kb`, which keeps that order)."""
+        """KB rows sorted by entity name (the JSONL the `lookup` tool reads)."""
         return [{"entity": e, "facts": self.facts[e]} for e in sorted(self.facts)]
 
     def follow(self, entity: str, relations: tuple[str, ...]) -> list[str]:
@@ -117,12 +110,6 @@ def make_kb(split: str, n: int, seed: int = 0) -> KnowledgeBase:
     for person in people:
         # A manager works at the company it manages, so the two relations never contradict each other.
         facts[person] = {"born_in": rng.choice(cities), "works_at": manages.get(person) or rng.choice(companies)}
-    # Each record lists its facts in its own random order (kept in the KB file, shown so by the tool): where a fact
-    # sits in a response then says nothing about which fact it is, and a policy has to find the asked relation
-    # by its name (see the module docstring).
-    order_rng = split_rng(NAME + "-kb-order", split, seed)
-    for entity, record in facts.items():
-        facts[entity] = dict(order_rng.sample(list(record.items()), len(record)))
     return KnowledgeBase(facts=facts, kinds={"person": people, "company": companies, "city": cities})
 
 
