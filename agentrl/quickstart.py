@@ -46,6 +46,7 @@ class QuickstartSettings:
     grpo_gen_prompts_per_step: int = 16
     grpo_n: int = 8
     grpo_lr: float = 1e-4
+    grpo_temperature: float = 1.0  # rollouts' sampling temperature (the sampled held-out evaluations use it too)
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 4000  # a run draws ~2,400 prompts over both suites: none is drawn twice
     # per-suite RL task counts instead, e.g. {calc: 2000, lookup: 1000}: the step's prompts are drawn in that ratio
@@ -217,7 +218,7 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         # seeded sampling: each episode's seed derives from grpo_seed and its group (not from the OS entropy pool)
-        rollout=RolloutConfig(n=s.grpo_n, temperature=1.0, max_concurrent_episodes=s.max_concurrent_episodes,
+        rollout=RolloutConfig(n=s.grpo_n, temperature=s.grpo_temperature, max_concurrent_episodes=s.max_concurrent_episodes,
                               seed=grpo_seed(s)),
         reward=reward_config(sandbox_url),
         algorithm=AlgorithmConfig(filter_zero_variance_groups=s.grpo_filter_rounds > 0,
@@ -629,6 +630,9 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
     s = QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
     check_sandbox_setting(s)
+    if not s.grpo_temperature > 0:
+        raise QuickstartError(f"quickstart --set grpo_temperature={s.grpo_temperature:g}: must be > 0 (at 0 every "
+                              "episode of a group is the same, so no group carries a GRPO signal); e.g. 0.7")
     if s.rl_overrides:  # a bad key fails now, not after the SFT phase
         from agentrl.config import ConfigError
 

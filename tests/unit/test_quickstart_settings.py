@@ -234,3 +234,14 @@ def test_code_demos_are_made_only_with_a_sandbox(tmp_path):
                  "grpo_tasks_per_suite=2")
     with pytest.raises(QuickstartError, match="verified in the sandbox"):
         make_data(s, tmp_path)
+
+
+def test_grpo_temperature_reaches_the_rollouts_and_zero_is_refused_before_any_work(tmp_path, capsys):
+    from agentrl.quickstart import train_config
+
+    s = settings("--set", "grpo_temperature=0.7")
+    cfg = train_config(s, "model", ["tasks.jsonl"], "http://127.0.0.1:1", tmp_path / "grpo")
+    assert cfg.rollout.temperature == pytest.approx(0.7)
+    assert main(["quickstart", "--run-dir", str(tmp_path / "q"), "--set", "grpo_temperature=0"]) == 2
+    assert "error: quickstart --set grpo_temperature=0: must be > 0" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
