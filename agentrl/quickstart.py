@@ -46,7 +46,9 @@ class QuickstartSettings:
     grpo_gen_prompts_per_step: int = 16
     grpo_n: int = 8
     grpo_lr: float = 1e-4
-    grpo_temperature: float = 1.0  # rollouts' sampling temperature (the sampled held-out evaluations use it too)
+    # rollouts' sampling temperature (the sampled held-out evaluations use it too). 0.7 rather than 1.0: GRPO then
+    # reinforces answers near the greedy one, which is what greedy pass@1 measures (docs/quickstart.md#results)
+    grpo_temperature: float = 0.7
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 4000  # a run draws ~2,400 prompts over both suites: none is drawn twice
     # per-suite RL task counts instead, e.g. {calc: 2000, lookup: 1000}: the step's prompts are drawn in that ratio
@@ -86,7 +88,7 @@ class QuickstartSettings:
 # 8 prompts a round, as grpo_gen_prompts_per_step=8 keeps: every episode there also costs the sandbox).
 CODE_DEFAULTS = dict(heldout_per_suite=200, sft_demos_per_suite=2000, sft_steps=600, max_response_tokens=320,
                      max_new_tokens_per_turn=192, max_assistant_turns=3, max_concurrent_episodes=64, grpo_steps=60,
-                     code_test_call=False, grpo_gen_prompts_per_step=8)
+                     code_test_call=False, grpo_gen_prompts_per_step=8, grpo_temperature=1.0)
 SUITE_DEFAULTS = {("code",): CODE_DEFAULTS}
 
 SMOKE_RUN_DIR = "runs/quickstart-smoke"

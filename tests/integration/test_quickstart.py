@@ -46,9 +46,9 @@ def test_smoke_quickstart_runs_every_phase_and_stops_its_services(tmp_path):
     # the same tasks sampled at the rollouts' temperature, 2 samples each, before and after
     before_s = json.loads((run_dir / "eval-sft-sampled" / "eval.json").read_text())
     after_s = json.loads((run_dir / "eval-grpo-sampled" / "eval.json").read_text())
-    assert before_s["settings"] == after_s["settings"] and before_s["settings"]["temperature"] == 1.0
+    assert before_s["settings"] == after_s["settings"] and before_s["settings"]["temperature"] == 0.7
     assert before_s["summary"]["num_episodes"] == 32 and "pass@2" in after_s["summary"]
-    assert "## Greedy and sampled (T=1, 2 samples per task)" in report
+    assert "## Greedy and sampled (T=0.7, 2 samples per task)" in report
     metrics = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "actor/pg_loss" in m] == [1, 2]
     # the tool service and the sandbox were shut down
