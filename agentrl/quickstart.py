@@ -47,7 +47,8 @@ class QuickstartSettings:
     grpo_n: int = 8
     grpo_lr: float = 1e-4
     # rollouts' sampling temperature (the sampled held-out evaluations use it too). 0.7 rather than 1.0: GRPO then
-    # reinforces answers near the greedy one, which is what greedy pass@1 measures (docs/quickstart.md#results)
+    # reinforces answers near the greedy one, which is what greedy pass@1 measures
+    # (docs/quickstart.md#the-current-defaults-rollouts-at-t07-session-12)
     grpo_temperature: float = 0.7
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 4000  # a run draws ~2,400 prompts over both suites: none is drawn twice
@@ -220,8 +221,8 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
         tools=ToolsConfig(services=[ServiceConfig(url=tools_url, name="quickstart-tools")]),
         agent=agent_config(s),
         # seeded sampling: each episode's seed derives from grpo_seed and its group (not from the OS entropy pool)
-        rollout=RolloutConfig(n=s.grpo_n, temperature=s.grpo_temperature, max_concurrent_episodes=s.max_concurrent_episodes,
-                              seed=grpo_seed(s)),
+        rollout=RolloutConfig(n=s.grpo_n, temperature=s.grpo_temperature,
+                              max_concurrent_episodes=s.max_concurrent_episodes, seed=grpo_seed(s)),
         reward=reward_config(sandbox_url),
         algorithm=AlgorithmConfig(filter_zero_variance_groups=s.grpo_filter_rounds > 0,
                                   max_filter_rounds=max(0, s.grpo_filter_rounds)),

@@ -16,6 +16,7 @@ from agentrl.quickstart import (
     report_text,
     settings_from_args,
     source_commit,
+    train_config,
 )
 
 FIELDS = {f.name: f for f in dataclasses.fields(QuickstartSettings)}
@@ -237,8 +238,6 @@ def test_code_demos_are_made_only_with_a_sandbox(tmp_path):
 
 
 def test_grpo_temperature_reaches_the_rollouts_and_zero_is_refused_before_any_work(tmp_path, capsys):
-    from agentrl.quickstart import train_config
-
     s = settings("--set", "grpo_temperature=0.7")
     cfg = train_config(s, "model", ["tasks.jsonl"], "http://127.0.0.1:1", tmp_path / "grpo")
     assert cfg.rollout.temperature == pytest.approx(0.7)
