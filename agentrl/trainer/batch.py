@@ -233,6 +233,51 @@ def scatter_rows(values: list[list[torch.Tensor]], plan: MicroBatchPlan, size: i
     return out
 
 
+@dataclass
+class SharedPrefixes:
+    """A micro-batch split where each row's loss starts: the distinct prompts before that point (the layers run
+    once per prompt, e.g. once per GRPO group) and every row's remainder, which attends to its prompt's K/V."""
+
+    prefix_ids_U_P: torch.Tensor  # the distinct prefixes, right-padded
+    prefix_lens_U: torch.Tensor
+    group_B: torch.Tensor  # row -> index of its prefix
+    starts_B: torch.Tensor  # row -> its prefix length (its first loss token; seq_len for a row without one)
+    suffix_ids_B_S: torch.Tensor  # input_ids[starts:seq_len] per row, right-padded
+
+    @property
+    def saved_tokens(self) -> int:
+        """Prompt tokens no longer run through the layers."""
+        return int(self.prefix_lens_U[self.group_B].sum() - self.prefix_lens_U.sum())
+
+
+def split_shared_prefixes(input_ids_B_L: torch.Tensor, target_B_L: torch.Tensor,
+                          seq_lens_B: torch.Tensor) -> SharedPrefixes | None:
+    """Split rows at their first target (loss) token and find the rows whose tokens before it are identical.
+    None when no two rows share a prefix (nothing to save). Padding reuses token ids of the batch; it is never
+    attended to (see `PolicyWorker._target_logits`)."""
+    size = input_ids_B_L.shape[0]
+    has_target = target_B_L.any(dim=1)
+    starts = torch.where(has_target, target_B_L.float().argmax(dim=1), seq_lens_B)
+    index: dict[tuple[int, ...], int] = {}
+    rows = input_ids_B_L.tolist()
+    group = [index.setdefault(tuple(rows[i][: int(starts[i])]), len(index)) for i in range(size)]
+    if len(index) == size:
+        return None
+    prefixes = list(index)  # insertion order = group index
+    prefix_lens = torch.tensor([len(p) for p in prefixes], dtype=torch.long)
+    fill = int(input_ids_B_L[0, 0])
+    prefix_ids = torch.full((len(prefixes), int(prefix_lens.max())), fill, dtype=torch.long)
+    for u, p in enumerate(prefixes):
+        prefix_ids[u, : len(p)] = torch.tensor(p, dtype=torch.long)
+    suffix_lens = seq_lens_B - starts
+    suffix_ids = torch.full((size, max(1, int(suffix_lens.max()))), fill, dtype=torch.long)
+    for i in range(size):
+        suffix_ids[i, : int(suffix_lens[i])] = input_ids_B_L[i, int(starts[i]): int(seq_lens_B[i])]
+    return SharedPrefixes(prefix_ids_U_P=prefix_ids, prefix_lens_U=prefix_lens,
+                          group_B=torch.tensor(group, dtype=torch.long), starts_B=starts.long(),
+                          suffix_ids_B_S=suffix_ids)
+
+
 def mini_batches(size: int, mini_batch_size: int, *, epochs: int = 1, shuffle: bool = True,
                  seed: int = 0) -> list[list[int]]:
     """Row indices of each optimizer step: `epochs` passes, each (optionally) shuffled with `seed + epoch` and cut
@@ -253,11 +298,13 @@ def mini_batches(size: int, mini_batch_size: int, *, epochs: int = 1, shuffle: b
 __all__ = [
     "TOKEN_KEYS",
     "MicroBatchPlan",
+    "SharedPrefixes",
     "episodes_to_batch",
     "materialize",
     "mini_batches",
     "plan_micro_batches",
     "scatter_rows",
     "sft_batch",
+    "split_shared_prefixes",
     "take_rows",
 ]

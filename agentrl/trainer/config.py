@@ -148,6 +148,9 @@ class ActorConfig:
     # Speed-ups that leave every loss and gradient unchanged (tests/unit/trainer/test_step_speedups.py):
     fast_logprobs: bool = True  # LM head only at the loss tokens' positions (not prompts, tool observations)
     reuse_old_logprobs: bool = True  # pi_old from the update's own first forward when that is provably pi_old
+    # rows of a micro-batch with the same prompt (a GRPO group) run it through the layers once and share its K/V:
+    # the same logprobs and gradients to float rounding, fewer tokens (sdpa and eager attention; fast_logprobs)
+    share_prompt_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.lr <= 0:

@@ -62,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vs-trl", action="store_true", help="also run TRL's GRPOTrainer (needs `pip install trl`)")
     parser.add_argument("--baseline", action="store_true",
                         help="also run agentrl with the step speed-ups off (actor.fast_logprobs=false, "
-                             "actor.reuse_old_logprobs=false, actor.num_threads_per_worker=1)")
+                             "actor.reuse_old_logprobs=false, actor.share_prompt_prefix=false, "
+                             "actor.num_threads_per_worker=1)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="train-config overrides for the agentrl sides, e.g. actor.num_threads_per_worker=2")
     parser.add_argument("--seed", type=int, default=0)
@@ -128,7 +129,8 @@ def agentrl_config(model: Path, tasks: Path, run_dir: Path, args, *, fast: bool)
     }
     overrides = list(args.set)
     if not fast:
-        overrides += ["actor.fast_logprobs=false", "actor.reuse_old_logprobs=false", "actor.num_threads_per_worker=1"]
+        overrides += ["actor.fast_logprobs=false", "actor.reuse_old_logprobs=false", "actor.share_prompt_prefix=false",
+                      "actor.num_threads_per_worker=1"]
     return load_config(TrainConfig, data=data, overrides=overrides)
 
 

@@ -12,6 +12,8 @@ and summed over micro-batches by gradient accumulation (= the mini-batch objecti
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import defaultdict
 
 import torch
@@ -25,7 +27,7 @@ from agentrl.trainer.algos import (
     logprobs_from_logits,
     ppo_objective,
 )
-from agentrl.trainer.batch import materialize, mini_batches, scatter_rows
+from agentrl.trainer.batch import materialize, mini_batches, scatter_rows, split_shared_prefixes
 from agentrl.trainer.config import ActorConfig, ModelConfig
 from agentrl.trainer.fsdp import FSDPGroup, FSDPWorker, lr_factor, rank_threads, start_ray
 
@@ -73,10 +75,7 @@ class PolicyWorker(FSDPWorker):
         target[:, 0] = False  # the first token has no prediction
         if not target.any():  # a dummy (all-masked) micro-batch: one position, so the head stays in the graph
             target[0, 1] = True
-        keep = F.pad(target[:, 1:], (0, 1), value=False)  # the position before each target predicts it
-        logits = module(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
-        if logits.dim() == 3:  # a model that ignores a boolean logits_to_keep returns every position
-            logits = logits[keep]
+        logits = self._target_logits(module, ids, target, mb["seq_lens"])
         labels = ids[target]
         if with_entropy and entropy_grad:  # the entropy bonus is in the loss: both differentiable
             logp_n, ent_n = logprobs_from_logits(logits, labels, temperature), entropy_from_logits(logits, temperature)
@@ -87,6 +86,77 @@ class PolicyWorker(FSDPWorker):
         ent = None if ent_n is None else torch.zeros(ids.shape, dtype=ent_n.dtype, device=self.device).index_put(
             where, ent_n)
         return logp, ent
+
+    def _target_logits(self, module, ids: torch.Tensor, target: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] predicting each target token, in the row-major order of `target.nonzero()`.
+
+        With `actor.share_prompt_prefix`, rows whose tokens before their first target are identical (the episodes
+        of one GRPO group) run those tokens through the layers once: the distinct prefixes go first (use_cache),
+        each row's remainder then attends to its prefix's K/V (gathered per row, so the gradient of every row
+        flows back into the one prefix forward) at positions that continue the prefix. The same function of the
+        weights as one forward over the whole rows, to float rounding (tests/unit/trainer/test_step_speedups.py)."""
+        split = split_shared_prefixes(ids.cpu(), target.cpu(), seq_lens) if self._shares_prefixes() else None
+        if split is None:
+            keep = F.pad(target[:, 1:], (0, 1), value=False)  # the position before each target predicts it
+            logits = module(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
+            return logits[keep] if logits.dim() == 3 else logits  # a model may ignore a boolean logits_to_keep
+        from transformers import DynamicCache
+
+        from agentrl.inference.kv_batch import check_full_attention
+
+        dev = self.device
+        group, starts = split.group_B.to(dev), split.starts_B.to(dev)
+        num_prefixes, width = split.prefix_ids_U_P.shape
+        last = torch.zeros(num_prefixes, width, dtype=torch.bool, device=dev)
+        last[torch.arange(num_prefixes, device=dev), split.prefix_lens_U.to(dev) - 1] = True
+        cache = DynamicCache(config=module.config)
+        out = module(input_ids=split.prefix_ids_U_P.to(dev), use_cache=True, logits_to_keep=last,
+                     **{self._cache_kw: cache})
+        prefix_logits = out.logits[last] if out.logits.dim() == 3 else out.logits  # [prefixes, vocab]
+        check_full_attention(cache)
+        rows_cache = DynamicCache(config=module.config)
+        for layer_index, layer in enumerate(cache.layers):
+            rows_cache.update(layer.keys[group], layer.values[group], layer_index)
+
+        rows, suffix_width = split.suffix_ids_B_S.shape
+        columns = torch.arange(suffix_width, device=dev)
+        # a suffix token sees its own prefix (not the padding of longer ones) and the suffix causally
+        own_prefix = torch.arange(width, device=dev) < starts[:, None]
+        causal = torch.ones(suffix_width, suffix_width, dtype=torch.bool, device=dev).tril()
+        visible = torch.cat([own_prefix[:, None, :].expand(-1, suffix_width, -1), causal.expand(rows, -1, -1)],
+                            dim=-1)[:, None]
+        if self.model_cfg.attn_implementation != "sdpa":  # eager adds the mask to the scores
+            visible = torch.zeros(visible.shape, device=dev).masked_fill(~visible, torch.finfo(torch.float32).min)
+        # suffix position s predicts the token at starts + s + 1
+        after = starts[:, None] + columns + 1
+        keep = target.gather(1, after.clamp(max=target.shape[1] - 1)) & (after < target.shape[1])
+        out = module(input_ids=split.suffix_ids_B_S.to(dev), position_ids=starts[:, None] + columns,
+                     attention_mask=visible, use_cache=False, logits_to_keep=keep, **{self._cache_kw: rows_cache})
+        suffix_logits = out.logits[keep] if out.logits.dim() == 3 else out.logits
+
+        # each row's first target is predicted by its prefix's last position; interleave in row-major order
+        counts = target.sum(dim=1)
+        has_target = counts > 0
+        first_index = (counts.cumsum(0) - counts)[has_target]
+        is_first = torch.zeros(int(counts.sum()), dtype=torch.bool, device=dev)
+        is_first[first_index] = True
+        source = torch.empty(is_first.shape[0], dtype=torch.long, device=dev)
+        num_first = int(has_target.sum())
+        source[is_first] = torch.arange(num_first, device=dev)
+        source[~is_first] = num_first + torch.arange(is_first.shape[0] - num_first, device=dev)
+        return torch.cat([prefix_logits[group[has_target]], suffix_logits])[source]
+
+    def _shares_prefixes(self) -> bool:
+        """Prefix sharing needs a 4D attention mask (sdpa, eager: not flash-attention), the LM head at chosen
+        positions (fast_logprobs) and a KV cache in training (which gradient checkpointing turns off)."""
+        return (self.actor.share_prompt_prefix and self.actor.fast_logprobs
+                and self.model_cfg.attn_implementation in ("sdpa", "eager")
+                and not self.model_cfg.gradient_checkpointing)
+
+    @functools.cached_property
+    def _cache_kw(self) -> str:
+        """The forward's name for the KV cache argument (`cache` in transformers >= 5.x, else past_key_values)."""
+        return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     @staticmethod
     def _entropy(logits: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:

@@ -17,26 +17,36 @@ from agentrl.types import Episode
 pytestmark = pytest.mark.slow
 
 
-def episodes(count: int) -> list[Episode]:
+def episodes(count: int, shared_prompts: bool = False) -> list[Episode]:
+    """`shared_prompts`: each group of 3 has one prompt (as in GRPO), which actor.share_prompt_prefix runs once."""
     rng = random.Random(7)
-    out = []
+    out, prompt = [], []
     for i in range(count):
         p, r = rng.randint(3, 10), rng.randint(3, 30)
         mask = [int(rng.random() < 0.8) for _ in range(r)]
-        out.append(Episode(uid=f"g{i // 3}", prompt_ids=[rng.randrange(3, 2000) for _ in range(p)],
+        if shared_prompts:
+            mask[0] = 1  # the loss starts right after the prompt: rows of a group share exactly the prompt
+        if not shared_prompts or i % 3 == 0:
+            prompt = [rng.randrange(3, 2000) for _ in range(p)]
+        out.append(Episode(uid=f"g{i // 3}", prompt_ids=list(prompt),
                            response_ids=[rng.randrange(3, 2000) for _ in range(r)], response_mask=mask,
                            response_logprobs=[-7.0 * m for m in mask], messages=[], reward=float(i % 3 == 0)))
     return out
 
 
-def test_one_and_two_ranks_agree(ray_session, tiny_model_dir):
+@pytest.mark.parametrize("shared_prompts", [False, True])
+def test_one_and_two_ranks_agree(ray_session, tiny_model_dir, shared_prompts):
+    """With shared prompts, one rank runs each row whole and two ranks run a prompt once per micro-batch (one
+    micro-batch per rank, and of 7 rows in 3 groups the rank with 4 rows holds two of one group): the same
+    gradient and update."""
     model = ModelConfig(path=str(tiny_model_dir))
-    batch = episodes_to_batch(episodes(7), pad_token_id=0,  # odd count: one rank gets an extra row
+    batch = episodes_to_batch(episodes(7, shared_prompts), pad_token_id=0,  # odd count: one rank gets an extra row
                               advantages=[1.0, -0.5, -0.5, 2.0, -1.0, -1.0, 0.3])
     results = {}
     for world in (1, 2):
         actor = ActorConfig(lr=1e-3, world_size=world, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,
-                            max_tokens_per_micro_batch=64, grad_clip=1e6)
+                            max_tokens_per_micro_batch=100_000 if shared_prompts and world == 2 else 64, grad_clip=1e6,
+                            share_prompt_prefix=world == 2 or not shared_prompts)
         group = WorkerGroup(model, actor, with_ref=True, total_steps=10, seed=0)
         try:
             old, _ = group.compute_logprobs(batch, temperature=1.0)

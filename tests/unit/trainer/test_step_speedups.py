@@ -1,11 +1,13 @@
-"""The GRPO step's speed-ups change no result: the LM head only at loss tokens (`actor.fast_logprobs`), pi_old
-taken from the update's own forward (`actor.reuse_old_logprobs`), the fused log-prob + entropy pass, weights
-through shared memory, and CPU sampling on a thread pool."""
+"""The GRPO step's speed-ups change no result: the LM head only at loss tokens (`actor.fast_logprobs`), a group's
+shared prompt run once (`actor.share_prompt_prefix`), pi_old taken from the update's own forward
+(`actor.reuse_old_logprobs`), the fused log-prob + entropy pass, weights through shared memory, and CPU sampling on
+a thread pool."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import random
 
 import pytest
 import torch
@@ -13,21 +15,24 @@ import torch
 from agentrl.config import load_config
 from agentrl.inference import sampling
 from agentrl.trainer.algos import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
-from agentrl.trainer.batch import episodes_to_batch
+from agentrl.trainer.batch import episodes_to_batch, split_shared_prefixes
 from agentrl.trainer.config import ActorConfig, ModelConfig, TrainConfig
 from agentrl.trainer.loop import reuses_old_logprobs
 from agentrl.trainer.weight_sync import SharedStateDict
 from agentrl.trainer.worker import WorkerGroup
-from agentrl.types import SamplingParams
+from agentrl.types import Episode, SamplingParams
 from test_worker import ragged_episodes
 
 ADVANTAGES = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1.0, -1.0]
 
 
+def make_group_actor() -> ActorConfig:
+    return ActorConfig(lr=1e-3, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.0, grad_clip=1.0,
+                       max_tokens_per_micro_batch=100_000, warmup_steps=0, clip_ratio_high=0.28)
+
+
 def make_group(model_dir, **actor_changes) -> WorkerGroup:
-    actor = ActorConfig(lr=1e-3, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.0, grad_clip=1.0,
-                        max_tokens_per_micro_batch=100_000, warmup_steps=0, clip_ratio_high=0.28)
-    actor = dataclasses.replace(actor, **actor_changes)
+    actor = dataclasses.replace(make_group_actor(), **actor_changes)
     return WorkerGroup(ModelConfig(path=str(model_dir)), actor, with_ref=True, total_steps=10, use_ray=False)
 
 
@@ -75,6 +80,93 @@ def test_fast_logprobs_give_the_same_gradient(groups, entropy_coeff):
     assert sum(float(v.abs().sum()) for v in a.values()) > 0
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def grouped_episodes() -> list[Episode]:
+    """GRPO-like rows: groups that share a prompt (3, 4 and 1 rows), multi-turn responses whose observation
+    tokens carry no loss, a row whose first response tokens are not the policy's (template glue), and a row with
+    no loss token at all (as after algorithm.mask_truncated)."""
+    rng = random.Random(3)
+    eps = []
+    for g, size in enumerate((3, 4, 1)):
+        prompt = [rng.randrange(3, 2000) for _ in range(rng.randint(5, 12))]
+        for k in range(size):
+            r = rng.randint(6, 30)
+            mask = [1 if (j // 5) % 2 == 0 else 0 for j in range(r)]  # policy turns between observations
+            if g == 1 and k == 2:
+                mask[:2] = [0, 0]  # its loss starts later: a longer prefix of its own
+            if g == 1 and k == 3:
+                mask = [0] * r
+            eps.append(Episode(uid=f"g{g}", prompt_ids=list(prompt),
+                               response_ids=[rng.randrange(3, 2000) for _ in range(r)], response_mask=mask,
+                               response_logprobs=[-7.0 * m for m in mask], messages=[], reward=float(k % 2)))
+    return eps
+
+
+def grouped_batch():
+    return episodes_to_batch(grouped_episodes(), pad_token_id=0, advantages=ADVANTAGES)
+
+
+def test_split_shared_prefixes_runs_each_prompt_once():
+    batch = grouped_batch()
+    target = batch["loss_mask"].bool()
+    split = split_shared_prefixes(batch["input_ids"], target, batch["seq_lens"])
+    prompts = [len(ep.prompt_ids) for ep in grouped_episodes()]
+    # groups 0 and 1 share their prompts (but row 5 starts two tokens later, row 6 has no loss token: whole row)
+    assert split.group_B.tolist() == [0, 0, 0, 1, 1, 2, 3, 4]
+    assert split.starts_B.tolist() == prompts[:5] + [prompts[5] + 2, int(batch["seq_lens"][6]), prompts[7]]
+    assert split.saved_tokens == 2 * prompts[0] + prompts[3]
+    for i in range(8):
+        start, end = int(split.starts_B[i]), int(batch["seq_lens"][i])
+        assert split.suffix_ids_B_S[i, : end - start].tolist() == batch["input_ids"][i, start:end].tolist()
+        prefix = split.prefix_ids_U_P[split.group_B[i], :start]
+        assert prefix.tolist() == batch["input_ids"][i, :start].tolist()
+    distinct = fresh_batch()  # every row its own prompt: nothing to share
+    assert split_shared_prefixes(distinct["input_ids"], distinct["loss_mask"].bool(), distinct["seq_lens"]) is None
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prompt_prefix_gives_the_same_logprobs_and_gradient(tiny_model_dir, attn):
+    shared, whole = (WorkerGroup(ModelConfig(path=str(tiny_model_dir), attn_implementation=attn),
+                                 dataclasses.replace(make_group_actor(), share_prompt_prefix=flag), with_ref=True,
+                                 total_steps=10, use_ray=False) for flag in (True, False))
+    try:
+        batch = grouped_batch()
+        mask = batch["loss_mask"].bool()
+        for ref in (False, True):
+            logp_s, ent_s = shared.compute_logprobs(batch, temperature=0.9, with_entropy=True, ref=ref)
+            logp_w, ent_w = whole.compute_logprobs(batch, temperature=0.9, with_entropy=True, ref=ref)
+            torch.testing.assert_close(logp_s, logp_w, atol=2e-6, rtol=0)
+            torch.testing.assert_close(ent_s[mask], ent_w[mask], atol=2e-5, rtol=0)
+        assert float(logp_s[mask].abs().min()) > 0 and float(logp_s[~mask].abs().sum()) == 0.0
+        batch["old_logprobs"], batch["ref_logprobs"] = logp_w, logp_w + 0.01 * mask
+        for entropy_coeff, micro_tokens in ((0.0, 100_000), (0.01, 100_000), (0.0, 96)):  # 96: several micro-batches
+            for g in (shared, whole):
+                set_actor(g, entropy_coeff=entropy_coeff, max_tokens_per_micro_batch=micro_tokens)
+            a, b = shared.gradients(batch, temperature=0.9), whole.gradients(batch, temperature=0.9)
+            assert sum(float(v.abs().sum()) for v in a.values()) > 0
+            for name in a:
+                torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5, msg=f"{name} {entropy_coeff}")
+    finally:
+        shared.shutdown()
+        whole.shutdown()
+
+
+def test_shared_prompt_prefix_is_off_where_it_cannot_work(tiny_model_dir):
+    group = make_group(tiny_model_dir)
+    worker = group.workers[0]
+    try:
+        assert worker._shares_prefixes()
+        for changes in ({"share_prompt_prefix": False}, {"fast_logprobs": False}):
+            worker.cfg = dataclasses.replace(worker.cfg, **changes)
+            assert not worker._shares_prefixes(), changes
+            worker.cfg = dataclasses.replace(worker.cfg, share_prompt_prefix=True, fast_logprobs=True)
+        for changes in ({"attn_implementation": "flash_attention_2"}, {"gradient_checkpointing": True}):
+            saved, worker.model_cfg = worker.model_cfg, dataclasses.replace(worker.model_cfg, **changes)
+            assert not worker._shares_prefixes(), changes
+            worker.model_cfg = saved
+    finally:
+        group.shutdown()
 
 
 @pytest.mark.parametrize("mini_batch_size", [8, 4])  # one optimizer step, and two
