@@ -48,9 +48,10 @@ chromium:
 	  else echo "warning: chromium missing and not root; the viewer's browser test will be skipped"; fi; \
 	fi
 
-# the quickstart needs the venv and the sandbox's isolation, not the compiler or the test browser
+# the quickstart needs the venv and the sandbox's isolation, not the compiler or the test browser;
+# ARGS go to agentrl quickstart, e.g. make quickstart ARGS="--set seed=1"
 quickstart: $(STAMP) bwrap
-	$(BIN)/agentrl quickstart
+	$(BIN)/agentrl quickstart $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q -rs tests

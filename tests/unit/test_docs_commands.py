@@ -321,6 +321,9 @@ def check_parsed_only(ws: Workspace, cmd: Command, argv: list[str]) -> None:
     elif argv[0] == "make":
         targets = re.findall(r"^([\w-]+):", (REPO_ROOT / "Makefile").read_text(), re.M)
         assert argv[1] in targets, f"the Makefile has no target {argv[1]!r}"
+        make_args = [a.split("=", 1)[1] for a in argv[2:] if a.startswith("ARGS=")]
+        if argv[1] == "quickstart" and make_args:  # the Makefile passes ARGS to agentrl quickstart
+            ns = parse(["quickstart", *shlex.split(make_args[0])])
     elif argv[0] == "bash":
         script = REPO_ROOT / argv[1]
         assert script.is_file(), f"{argv[1]} does not exist"
