@@ -148,8 +148,12 @@ class PolicyWorker(FSDPWorker):
 
     def _shares_prefixes(self) -> bool:
         """Prefix sharing needs a 4D attention mask (sdpa, eager: not flash-attention), the LM head at chosen
-        positions (fast_logprobs) and a KV cache in training (which gradient checkpointing turns off)."""
-        return (self.actor.share_prompt_prefix and self.actor.fast_logprobs
+        positions (fast_logprobs), a KV cache in training (which gradient checkpointing turns off) and full
+        attention in every layer (a sliding window's cache keeps only the window)."""
+        config = self.model.config
+        full_attention = (not getattr(config, "use_sliding_window", False)
+                          and all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or []))
+        return (self.actor.share_prompt_prefix and self.actor.fast_logprobs and full_attention
                 and self.model_cfg.attn_implementation in ("sdpa", "eager")
                 and not self.model_cfg.gradient_checkpointing)
 

@@ -165,6 +165,10 @@ def test_shared_prompt_prefix_is_off_where_it_cannot_work(tiny_model_dir):
             saved, worker.model_cfg = worker.model_cfg, dataclasses.replace(worker.model_cfg, **changes)
             assert not worker._shares_prefixes(), changes
             worker.model_cfg = saved
+        config = worker.model.config
+        saved_types, config.layer_types = config.layer_types, ["full_attention", "sliding_attention"]
+        assert not worker._shares_prefixes()
+        config.layer_types = saved_types
     finally:
         group.shutdown()
 
