@@ -41,8 +41,9 @@ class QuickstartSettings:
     sft_lr: float = 2e-3
     grpo_steps: int = 160
     grpo_prompts_per_step: int = 8
-    # prompts rolled out per round of dynamic sampling (DAPO's generation batch): about half the groups carry no
-    # signal, so twice the step's prompts in one round usually fill the step without a sequential refill round
+    # prompts rolled out per round of dynamic sampling (DAPO's generation batch). At T=0.7 one group in 3-4 carries
+    # signal late in a run, so refill rounds follow; 32 prompts a round cost the same per episode and only generate
+    # more (docs/quickstart.md#make-quickstart-from-a-fresh-clone-session-13)
     grpo_gen_prompts_per_step: int = 16
     grpo_n: int = 8
     grpo_lr: float = 1e-4
