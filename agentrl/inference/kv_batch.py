@@ -17,6 +17,8 @@ while the batch is empty, so the next requests reuse them instead of faulting in
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -35,6 +37,11 @@ class _SlotLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         return self.batch._write(self.index, key_states, value_states)
+
+
+def cache_kwarg(model) -> str:
+    """The forward's name for the KV cache argument (`cache` in transformers >= 5.x, else `past_key_values`)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def check_full_attention(cache: DynamicCache) -> None:

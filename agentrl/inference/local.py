@@ -26,7 +26,6 @@ KV for the episode's next turn, at most `prefix_cache_tokens` tokens in all (`pr
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import threading
@@ -40,7 +39,7 @@ import torch
 
 from agentrl.inference.base import EngineError, ModelNotFoundError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
-from agentrl.inference.kv_batch import PaddedKVBatch, RowKV
+from agentrl.inference.kv_batch import PaddedKVBatch, RowKV, cache_kwarg
 from agentrl.inference.prefill import LastLayerTrim, plan_groups, prefill_padded, prefill_with_prefix
 from agentrl.inference.prefix_cache import SessionPrefixCache
 from agentrl.inference.sampling import make_generator, sample_batch
@@ -106,7 +105,7 @@ class LocalEngine:
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = frozenset(_eos_ids(model, tokenizer))
         # transformers renamed `past_key_values` to `cache` (5.2x); use whichever this model's forward takes.
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_kw = cache_kwarg(model)
         self._trim = LastLayerTrim(self.model)  # prefill: the last layer's output only where logits are read
         self._trim.verify(self.model, self._cache_kw, self.device)
         self.weight_version = 0

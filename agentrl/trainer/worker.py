@@ -13,13 +13,13 @@ and summed over micro-batches by gradient accumulation (= the mini-batch objecti
 from __future__ import annotations
 
 import functools
-import inspect
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+from agentrl.inference.kv_batch import cache_kwarg
 from agentrl.trainer.algos import (
     agg_loss,
     entropy_from_logits,
@@ -159,8 +159,7 @@ class PolicyWorker(FSDPWorker):
 
     @functools.cached_property
     def _cache_kw(self) -> str:
-        """The forward's name for the KV cache argument (`cache` in transformers >= 5.x, else past_key_values)."""
-        return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        return cache_kwarg(self.model)
 
     @staticmethod
     def _entropy(logits: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
