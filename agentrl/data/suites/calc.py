@@ -39,7 +39,11 @@ from agentrl.data.suites.common import check_hard, name_in_split, split_rng, tas
 
 NAME = "calc"
 TOOLS = ["calculator"]
-SYSTEM = "Use the calculator tool, then give the final number as <answer>N</answer>."
+# The answer format in words, not as a literal `<answer>N</answer>`: in a literal, "N" follows the exact tokens that
+# precede the answer's value, so an in-context copy (induction) head copies "N" instead of the tool's value, a trap
+# some initial weights never leave in SFT (docs/quickstart.md#the-system-prompt-states-the-answer-format-in-words-session-14).
+# The demonstrations show the tags.
+SYSTEM = "Use the calculator tool, then give the final number inside answer tags."
 
 PEOPLE = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jo", "Kim", "Leo", "Mia", "Ned", "Ola",
           "Pia", "Raj", "Sam", "Tia", "Uma", "Vic", "Wes", "Yan", "Zoe"]

@@ -32,7 +32,7 @@ from agentrl.data.suites.common import SuiteError, check_hard, name_in_split, sp
 
 NAME = "lookup"
 TOOLS = ["lookup"]
-SYSTEM = "Use the lookup tool to find facts, then give the answer as <answer>...</answer>."
+SYSTEM = "Use the lookup tool to find facts, then give the answer inside answer tags."  # in words: see calc.SYSTEM
 
 SYLLABLES = ["ka", "lo", "mi", "ra", "ze", "tu", "vo", "ni", "sa", "el", "an", "or", "ba", "de", "fi", "go", "hu",
              "ko", "lu", "ma", "ne", "po", "ri", "te", "wa", "yo"]
