@@ -89,6 +89,9 @@ class RewardConfig:
 
     `answer_from`: "answer_tag" reads <answer>...</answer> from the final assistant turn and falls back to its
     whole text; "answer_tag_strict" scores 0 when the tag is missing; "final_text" always uses the whole text.
+    `score_unfinished`: false (default) gives 0 to an episode that did not end on its own (cut by
+    max_new_tokens_per_turn, max_response_tokens, the context window, max_assistant_turns or the episode timeout):
+    its last message is not a finished answer. True scores that message as it stands, right answer and all.
     `custom` maps extra reward type names to `module:fn` callables `fn(task, episode, config) -> float` (may be
     async); they are imported and checked here, at config load.
     """
@@ -96,6 +99,7 @@ class RewardConfig:
     answer_from: Literal["answer_tag", "answer_tag_strict", "final_text"] = "answer_tag"
     sandbox_url: str | None = None  # for "unit_tests" rewards, e.g. http://127.0.0.1:8080
     unit_tests_timeout_s: float = 10.0  # run_timeout of one unit-test run in the sandbox
+    score_unfinished: bool = False
     custom: dict[str, str] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 

@@ -90,3 +90,30 @@ async def test_unit_tests_missing_entry_point_scores_zero_without_sandbox():
     t = task(type="unit_tests", tests="assert f(1) == 2", entry_point="f")
     cfg = RewardConfig(sandbox_url="http://127.0.0.1:9")  # never contacted
     assert await compute_reward(t, episode("```python\ndef g(x):\n    return x\n```"), cfg) == 0.0
+
+
+@pytest.mark.parametrize("finish", ["length", "max_turns", "timeout"])
+async def test_an_unfinished_episode_has_no_answer(finish):
+    """A right answer followed by tokens that never ended the turn (cut at a limit) scores 0 with every built-in
+    reward: credited, it would teach RL to keep writing past the answer. score_unfinished scores it as it stands."""
+    answered = "<answer>42</answer>\": \"calculator\", \"arguments\": {\"expression\": \"42"
+    cut = episode(answered)
+    cut.finish_reason = finish
+    finished = episode("<answer>42</answer>")
+    for spec in ({"type": "exact_match", "ground_truth": "42"}, {"type": "numeric", "ground_truth": 42}):
+        assert await compute_reward(task(**spec), finished, RewardConfig()) == 1.0
+        assert await compute_reward(task(**spec), cut, RewardConfig()) == 0.0
+        assert await compute_reward(task(**spec), cut, RewardConfig(score_unfinished=True)) == 1.0
+
+
+async def test_an_unfinished_code_answer_is_not_run():
+    """Code rewards: an episode cut at a limit never reaches the sandbox (the URL below is never contacted) and
+    records why it scored 0."""
+    t = task(type="unit_tests", tests="assert f(1) == 2", entry_point="f")
+    cut = episode("```python\ndef f(x):\n    return x + 1\n```\nand then some")
+    cut.finish_reason = "length"
+    assert await compute_reward(t, cut, RewardConfig(sandbox_url="http://127.0.0.1:9")) == 0.0
+    assert cut.metrics["reward_info"]["kind"] == "no_code"
+    assert "did not finish" in cut.metrics["reward_info"]["error"]
+    s = task(type="stdin_stdout", cases=[{"input": "1", "output": "2"}])
+    assert await compute_reward(s, cut, RewardConfig(sandbox_url="http://127.0.0.1:9")) == 0.0
