@@ -301,3 +301,15 @@ def test_cli_make_hard(tmp_path, capsys):
     assert main(["data", "make", "calc", "--split", "train", "--hard", "--n", "30", str(out)]) == 0
     assert "wrote 30 calc/train (hard mix) tasks" in capsys.readouterr().out
     assert len(_rows(out)) == 30
+
+
+@pytest.mark.parametrize("suite", ["calc", "lookup"])
+def test_system_prompt_never_shows_the_answer_tags_literally(suite):
+    """A literal `<answer>N</answer>` in the prompt puts the tokens that precede the answer's value in front of
+    "N", so an in-context copy head copies "N" instead of the tool's value: with the copy-circuit init of seed 1
+    SFT never left that trap (docs/quickstart.md#the-system-prompt-states-the-answer-format-in-words-session-14).
+    The format is said in words; the demonstrations show it."""
+    task = _tasks(suite, "train", n=5)[0]
+    system = next(m["content"] for m in task["prompt"] if m["role"] == "system")
+    assert "<answer>" not in system and "</answer>" not in system
+    assert "answer tags" in system
