@@ -63,8 +63,16 @@ def answer_text(episode: Episode, config: RewardConfig) -> str | None:
     return final_text(episode)
 
 
-def _unfinished(episode: Episode) -> str:
-    return f"the episode did not finish its answer ({episode.finish_reason})"
+def _answer(episode: Episode, config: RewardConfig) -> str | None:
+    """The answer string of a finished episode per `reward.answer_from`; None when there is none."""
+    text = answer_text(episode, config)
+    return None if text is None else extract_answer(text, config.answer_from)
+
+
+def _no_code(episode: Episode, text: str | None) -> str:
+    """Why a code reward found nothing to run; `text` is `answer_text`'s result."""
+    return "the answer has no code" if text is not None else \
+        f"the episode did not finish its answer ({episode.finish_reason})"
 
 
 def extract_answer(text: str, answer_from: str) -> str | None:
@@ -85,8 +93,7 @@ def exact_match(task: Task, episode: Episode, config: RewardConfig) -> float:
     """1.0 when the answer equals `ground_truth` (or one of a list) after whitespace/case normalisation;
     `"case_sensitive": true` in the spec keeps case."""
     spec = task.reward
-    text = answer_text(episode, config)
-    answer = None if text is None else extract_answer(text, config.answer_from)
+    answer = _answer(episode, config)
     if answer is None:
         return 0.0
     truths = spec["ground_truth"] if isinstance(spec["ground_truth"], list) else [spec["ground_truth"]]
@@ -111,8 +118,7 @@ def numeric(task: Task, episode: Episode, config: RewardConfig) -> float:
     """1.0 when the answer's last number is within `tolerance` (absolute and relative, default 1e-6) of
     `ground_truth`."""
     spec = task.reward
-    text = answer_text(episode, config)
-    answer = None if text is None else extract_answer(text, config.answer_from)
+    answer = _answer(episode, config)
     if answer is None:
         return 0.0
     got = parse_number(answer)
@@ -158,11 +164,9 @@ async def unit_tests(task: Task, episode: Episode, config: RewardConfig) -> floa
     url = _sandbox_url(task, config)
     total = len(rewrite_tests(spec["tests"]).statements)
     text = answer_text(episode, config)
-    if text is None:
-        return _record(episode, TestReport(0, total, "no_code", error=_unfinished(episode)))
-    code = extract_code(text, config.answer_from)
+    code = None if text is None else extract_code(text, config.answer_from)
     if not code or not code.strip():
-        return _record(episode, TestReport(0, total, "no_code", error="the answer has no code"))
+        return _record(episode, TestReport(0, total, "no_code", error=_no_code(episode, text)))
     entry_point = spec.get("entry_point")
     if entry_point and not re.search(rf"\b{re.escape(entry_point)}\b", code):
         # The required function is not even mentioned: skip the sandbox round trip.
@@ -199,11 +203,9 @@ async def stdin_stdout(task: Task, episode: Episode, config: RewardConfig) -> fl
                               "{'input': ..., 'output': ...} mappings")
     language = spec.get("language", "python")
     text = answer_text(episode, config)
-    if text is None:
-        return _record(episode, TestReport(0, len(cases), "no_code", error=_unfinished(episode)))
-    code = extract_program(text, language, config.answer_from)
+    code = None if text is None else extract_program(text, language, config.answer_from)
     if not code or not code.strip():
-        return _record(episode, TestReport(0, len(cases), "no_code", error="the answer has no code"))
+        return _record(episode, TestReport(0, len(cases), "no_code", error=_no_code(episode, text)))
     timeout = float(spec.get("timeout_s", config.unit_tests_timeout_s))
     report = await run_stdin_stdout(url, code, cases, language=language, timeout_s=timeout)
     return _record(episode, report)
