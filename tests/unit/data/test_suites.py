@@ -119,6 +119,21 @@ def test_lookup_heldout_entities_are_unseen_and_mostly_two_hop(tmp_path):
     assert two_hop_share(train) < 0.45 < 0.55 < two_hop_share(heldout)
 
 
+def test_lookup_two_hop_questions_are_equally_likely(tmp_path):
+    """A question whose entity would answer itself redraws the entity, not the question: once it redrew the
+    question, so "Who manages the company X works for?" (rejected for half the people, who manage where they work)
+    came half as often as "In which city is the company X works for?", and GRPO learnt to answer every such
+    question with the city (docs/quickstart.md)."""
+    tasks, _ = _kb(tmp_path, "heldout", n=2000)
+    counts = {}
+    for task in tasks:
+        if len(task["extra"]["relations"]) == 2:
+            key = "/".join(task["extra"]["relations"])
+            counts[key] = counts.get(key, 0) + 1
+    assert len(counts) == 5
+    assert max(counts.values()) < 1.25 * min(counts.values()), counts
+
+
 @pytest.mark.parametrize("split", ["train", "heldout"])
 def test_lookup_ground_truth_follows_the_kb_file_from_the_entity_in_the_question(tmp_path, split):
     tasks, kb = _kb(tmp_path, split)
