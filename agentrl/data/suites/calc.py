@@ -11,7 +11,7 @@ Splits differ in distribution, not only seed:
 | split   | operand digits                              | operations per problem    | people          |
 |---------|---------------------------------------------|---------------------------|-----------------|
 | train   | 2-5                                         | 1 (55%), 2 (35%), 3 (10%) | 20 names        |
-| heldout | 3-5, at least one 5-digit operand per problem | 1 (40%), 2 (40%), 3 (20%) | 4 other names   |
+| heldout | 3-5, at least one 5-digit operand per problem | 1 (40%), 2 (40%), 3 (20%) | 6 other names   |
 
 so no held-out problem can occur in training (other names), held-out numbers are larger on average and
 three-operation chains are twice as common. Held-out numbers stay within the trained digit lengths on
@@ -45,8 +45,13 @@ TOOLS = ["calculator"]
 # The demonstrations show the tags.
 SYSTEM = "Use the calculator tool, then give the final number inside answer tags."
 
-PEOPLE = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jo", "Kim", "Leo", "Mia", "Ned", "Ola",
-          "Pia", "Raj", "Sam", "Tia", "Uma", "Vic", "Wes", "Yan", "Zoe"]
+# 20 train names and 6 held-out ones (`name_in_split`). Every held-out name is spelt with tokens the train data
+# shows (unseen combinations of familiar tokens, as in the lookup suite): a token no training row contains keeps its
+# random initial embedding, and a GRPO run then decides by chance what the model does with it. Once "Hana" ("Han")
+# and "Vic" ("ic"), which no training text contains, were two of four held-out names, and one GRPO run made the
+# model answer at once, without the calculator, for 44 of the 56 "Hana" problems (docs/quickstart.md).
+PEOPLE = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Ivo", "Jo", "Kim", "Kora", "Leo", "Mia", "Ned", "Nia",
+          "Ola", "Pat", "Pia", "Raj", "Sam", "Sara", "Tia", "Uma", "Wes", "Yan", "Zoe"]
 ITEMS = ["apples", "marbles", "stamps", "coins", "books", "pens", "cards", "shells", "beads", "bricks", "seeds",
          "tickets", "bottles", "nails", "stickers", "buttons"]
 
