@@ -8,7 +8,12 @@ and a `tool` message with the tool's real output, then a final assistant message
           the first operand is copied like the others; written right after the JSON quote, its first digit has
           nothing in the question to match, and the tiny model often never learns it (docs/benchmarks.md).
 - lookup: lookup(entity) once per hop, the second hop on the value the first response showed; answer
-          `<answer>{value}</answer>`.
+          `<answer>{value}</answer>`. Each turn after a response first quotes the fact it follows, exactly as the
+          response shows it (`"based_in": "Lomira"`), then calls or answers: which relation to follow becomes one
+          token the model writes (`"b...` or `"man...`) instead of a choice hidden in the first token of a copied
+          value, and the value is then copied from right behind the key just written. A 2-layer model confused
+          the two facts of a company's record without it, and GRPO traded one question kind against another
+          (docs/quickstart.md#lookup-demonstrations-quote-the-fact-they-follow-session-16).
 - code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python
           block. With `sandbox_url` the call goes to the real python tool (a sandbox interpreter session) and the
           final code is then graded by the task's own unit tests in the sandbox (`run_unit_tests`, the harness the
@@ -108,19 +113,25 @@ async def solve_lookup(task: dict, tools) -> list[dict]:
     extra = task["extra"]
     messages = list(task["prompt"])
     entity = extra["entity"]
+    quote = ""  # the fact the last response showed and the next turn follows, as the response wrote it
     async with tools.episode_session(task["tools_kwargs"]) as session:
         for relation, value in zip(extra["relations"], extra["chain"]):
             output = await _call(tools, "lookup", {"entity": entity}, session, task)
-            if value not in output or relation not in output:
+            fact = json.dumps({relation: value}, ensure_ascii=False)[1:-1]  # '"based_in": "Lomira"'
+            if fact not in output:
                 raise DemoError(f"task {task['task_id']}: lookup({entity!r}) returned {output[:300]!r}, which "
                                 f"does not show {relation} = {value!r} (is tools_kwargs.lookup.kb_path the KB "
                                 f"written with these tasks?)")
-            messages += [_call_message("lookup", {"entity": entity}), _tool_message("lookup", output)]
+            call = _call_message("lookup", {"entity": entity})
+            if quote:
+                call["content"] = quote
+            messages += [call, _tool_message("lookup", output)]
+            quote = fact
             entity = value
     if entity != task["reward"]["ground_truth"]:
         raise DemoError(f"task {task['task_id']}: the hop chain ends at {entity!r}, ground truth is "
                         f"{task['reward']['ground_truth']!r}")
-    return messages + [_answer_message(f"<answer>{entity}</answer>")]
+    return messages + [_answer_message(f"{quote}\n<answer>{entity}</answer>")]
 
 
 def run_python_locally(code: str) -> str:

@@ -209,7 +209,7 @@ def test_code_function_names_are_disjoint_between_splits():
 
 
 def _final_answer(messages: list[dict]) -> str:
-    return re.fullmatch(r"<answer>(.*)</answer>", messages[-1]["content"]).group(1)
+    return re.fullmatch(r"(?:.*\n)?<answer>(.*)</answer>", messages[-1]["content"]).group(1)
 
 
 @pytest.mark.parametrize("split", ["train", "heldout"])
@@ -236,6 +236,15 @@ def test_calc_and_lookup_demos_reach_the_truth_through_the_real_tools(tmp_path, 
             else:
                 assert result["content"] == format_facts(fn["arguments"]["entity"], kb[fn["arguments"]["entity"]])
         assert [s["function"]["name"] for s in row["tools"]] == task["tools"]
+        if task in lookup:
+            # every turn after a response quotes the fact it follows, exactly as the response shows it
+            turns = [m for m in messages if m["role"] == "assistant"]
+            facts = [f'"{rel}": "{value}"' for rel, value in zip(task["extra"]["relations"], task["extra"]["chain"])]
+            assert [turn["content"] for turn in turns[1:-1]] == facts[:-1]
+            assert turns[0]["content"] == "" and turns[-1]["content"].startswith(facts[-1] + "\n<answer>")
+            assert all(fact in result["content"] for fact, result in zip(facts, results))
+        elif task in calc:
+            assert messages[-1]["content"].startswith("<answer>")
 
 
 def test_code_demos_test_the_solution_on_the_example_then_answer_it():
