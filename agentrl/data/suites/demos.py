@@ -8,12 +8,12 @@ and a `tool` message with the tool's real output, then a final assistant message
           the first operand is copied like the others; written right after the JSON quote, its first digit has
           nothing in the question to match, and the tiny model often never learns it (docs/benchmarks.md).
 - lookup: lookup(entity) once per hop, the second hop on the value the first response showed; answer
-          `<answer>{value}</answer>`. Each turn after a response first quotes the fact it follows, exactly as the
-          response shows it (`"based_in": "Lomira"`), then calls or answers: which relation to follow becomes one
-          token the model writes (`"b...` or `"man...`) instead of a choice hidden in the first token of a copied
-          value, and the value is then copied from right behind the key just written. A 2-layer model confused
-          the two facts of a company's record without it, and GRPO traded one question kind against another
-          (docs/quickstart.md#lookup-demonstrations-quote-the-fact-they-follow-session-16).
+          `<answer>{value}</answer>`. The first turn names the relations it will follow, in order (`Follow
+          "works_at", then "based_in".`), while the question is a few tokens back; each later turn first quotes
+          the fact it follows, exactly as the response shows it (`"based_in": "Lomira"`), then calls or answers.
+          Which relation to follow is then a token the model writes (and GRPO can reinforce) instead of a choice
+          hidden in the first token of a copied value; a 2-layer model confused the two facts of a record
+          without it (docs/quickstart.md#lookup-demonstrations-name-the-facts-they-follow-session-16).
 - code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python
           block. With `sandbox_url` the call goes to the real python tool (a sandbox interpreter session) and the
           final code is then graded by the task's own unit tests in the sandbox (`run_unit_tests`, the harness the
@@ -109,11 +109,18 @@ async def solve_calc(task: dict, tools) -> list[dict]:
             _tool_message("calculator", output), _answer_message(f"<answer>{text}</answer>")]
 
 
+def plan_text(relations: list[str]) -> str:
+    """The first lookup turn's plan: `Follow "works_at", then "based_in".`"""
+    return "Follow " + ", then ".join(f'"{relation}"' for relation in relations) + "."
+
+
 async def solve_lookup(task: dict, tools) -> list[dict]:
     extra = task["extra"]
     messages = list(task["prompt"])
     entity = extra["entity"]
-    quote = ""  # the fact the last response showed and the next turn follows, as the response wrote it
+    # what the next turn writes before its call or answer: first the plan, then the fact the last response showed
+    # and the next turn follows, as the response wrote it
+    quote = plan_text(extra["relations"])
     async with tools.episode_session(task["tools_kwargs"]) as session:
         for relation, value in zip(extra["relations"], extra["chain"]):
             output = await _call(tools, "lookup", {"entity": entity}, session, task)
@@ -123,8 +130,7 @@ async def solve_lookup(task: dict, tools) -> list[dict]:
                                 f"does not show {relation} = {value!r} (is tools_kwargs.lookup.kb_path the KB "
                                 f"written with these tasks?)")
             call = _call_message("lookup", {"entity": entity})
-            if quote:
-                call["content"] = quote
+            call["content"] = quote
             messages += [call, _tool_message("lookup", output)]
             quote = fact
             entity = value

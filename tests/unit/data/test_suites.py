@@ -237,11 +237,14 @@ def test_calc_and_lookup_demos_reach_the_truth_through_the_real_tools(tmp_path, 
                 assert result["content"] == format_facts(fn["arguments"]["entity"], kb[fn["arguments"]["entity"]])
         assert [s["function"]["name"] for s in row["tools"]] == task["tools"]
         if task in lookup:
-            # every turn after a response quotes the fact it follows, exactly as the response shows it
+            # the first turn names the relations to follow; every turn after a response quotes the fact it
+            # follows, exactly as the response shows it
             turns = [m for m in messages if m["role"] == "assistant"]
-            facts = [f'"{rel}": "{value}"' for rel, value in zip(task["extra"]["relations"], task["extra"]["chain"])]
+            relations = task["extra"]["relations"]
+            facts = [f'"{rel}": "{value}"' for rel, value in zip(relations, task["extra"]["chain"])]
+            assert turns[0]["content"] == "Follow " + ", then ".join(f'"{rel}"' for rel in relations) + "."
             assert [turn["content"] for turn in turns[1:-1]] == facts[:-1]
-            assert turns[0]["content"] == "" and turns[-1]["content"].startswith(facts[-1] + "\n<answer>")
+            assert turns[-1]["content"].startswith(facts[-1] + "\n<answer>")
             assert all(fact in result["content"] for fact, result in zip(facts, results))
         elif task in calc:
             assert messages[-1]["content"].startswith("<answer>")
