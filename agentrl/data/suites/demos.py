@@ -47,6 +47,7 @@ from agentrl.data.suites import SUITE_TOOLS, check_suite, default_kb_path, write
 from agentrl.data.suites.common import write_jsonl
 from agentrl.errors import UserError
 from agentrl.tools.builtin.calculator import result_value
+from agentrl.tools.builtin.lookup import format_fact
 from agentrl.types import Task
 
 PYTHON_RUN_TIMEOUT_S = 10.0
@@ -60,8 +61,8 @@ class DemoToolUnavailableError(UserError):
     """A tool the demonstrations call could not run for an infrastructure reason (e.g. the sandbox is down)."""
 
 
-def _call_message(name: str, arguments: dict) -> dict:
-    return {"role": "assistant", "content": "",
+def _call_message(name: str, arguments: dict, content: str = "") -> dict:
+    return {"role": "assistant", "content": content,
             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
 
 
@@ -124,14 +125,12 @@ async def solve_lookup(task: dict, tools) -> list[dict]:
     async with tools.episode_session(task["tools_kwargs"]) as session:
         for relation, value in zip(extra["relations"], extra["chain"]):
             output = await _call(tools, "lookup", {"entity": entity}, session, task)
-            fact = json.dumps({relation: value}, ensure_ascii=False)[1:-1]  # '"based_in": "Lomira"'
+            fact = format_fact(relation, value)  # '"based_in": "Lomira"', as the response writes it
             if fact not in output:
                 raise DemoError(f"task {task['task_id']}: lookup({entity!r}) returned {output[:300]!r}, which "
                                 f"does not show {relation} = {value!r} (is tools_kwargs.lookup.kb_path the KB "
                                 f"written with these tasks?)")
-            call = _call_message("lookup", {"entity": entity})
-            call["content"] = quote
-            messages += [call, _tool_message("lookup", output)]
+            messages += [_call_message("lookup", {"entity": entity}, quote), _tool_message("lookup", output)]
             quote = fact
             entity = value
     if entity != task["reward"]["ground_truth"]:

@@ -84,10 +84,16 @@ def load_kb(kb_path: str) -> KnowledgeBase:
     return kb
 
 
+def format_fact(relation: str, value) -> str:
+    """One fact as `format_facts` writes it inside its object: `"based_in": "Lomira"` (what a demonstration
+    quotes before following it)."""
+    return json.dumps({relation: value}, ensure_ascii=False)[1:-1]
+
+
 def format_facts(entity: str, facts: dict) -> str:
     """One JSON object: {"entity": ..., relation: value, ...} (values are quoted as in a call's arguments, so a
     value copied into the next call or the answer is the same tokens)."""
-    return json.dumps({"entity": entity, **facts}, ensure_ascii=False)
+    return "{" + ", ".join(format_fact(relation, value) for relation, value in {"entity": entity, **facts}.items()) + "}"
 
 
 async def lookup_session(kb_path: str | None = None) -> KnowledgeBase:
@@ -108,4 +114,4 @@ def lookup(entity: str, *, session: KnowledgeBase) -> str:
     return format_facts(name, facts)
 
 
-__all__ = ["KnowledgeBase", "format_facts", "load_kb", "lookup", "lookup_session", "normalize_entity"]
+__all__ = ["KnowledgeBase", "format_fact", "format_facts", "load_kb", "lookup", "lookup_session", "normalize_entity"]
