@@ -11,7 +11,9 @@ without sockets (calculator, lookup; the code suite's python tool sends its code
 (`agentrl tools serve` on a free loopback port) for the length of the run, so every call goes over HTTP exactly
 as in training; `--tools-config FILE` uses tool services you run yourself (configs/tools/services.yaml).
 Engine, agent-loop budgets, rewards and tools can also come from a training config (`--config`, same keys, plus
-`-o key=value` overrides), so a model is evaluated under the budgets it was trained with.
+`-o key=value` overrides), so a model is evaluated under the budgets it was trained with; with `--serve-tools`
+the config's tools are replaced by the served built-ins (a finished run's `config.yaml` names tool services that
+stopped with the run).
 """
 
 from __future__ import annotations
@@ -84,14 +86,17 @@ def _tools(args: argparse.Namespace, cfg, tasks) -> Iterator[object]:
 
     if args.tools_config:
         yield ToolRegistry.from_config(args.tools_config)
-    elif _configured_tools(cfg):
-        yield ToolRegistry.from_tools_config(cfg.tools)
-    elif args.serve_tools and _tool_names(tasks):
+    elif args.serve_tools:  # asked for on the command line: beats the tools of --config (a finished run's services)
         names = _tool_names(tasks)
+        if not names:
+            yield None
+            return
         kwargs = builtin_tools_kwargs(names, cfg.reward.sandbox_url)
         with serve_builtin_tools(names, tool_kwargs=kwargs) as url:
             print(f"tool service for {', '.join(names)} on {url}", file=sys.stderr, flush=True)
             yield ToolRegistry.from_tools_config(ToolsConfig(services=[ServiceConfig(url=url, name="eval-tools")]))
+    elif _configured_tools(cfg):
+        yield ToolRegistry.from_tools_config(cfg.tools)
     else:
         yield None
 
@@ -170,7 +175,7 @@ def _check_rollout(args: argparse.Namespace, cfg, tasks: list, models: list[tupl
         problems.append(f"--k {' '.join(map(str, too_big))}: pass@k needs k <= --n ({args.n} samples per task)")
     files = [TaskRows(_tasks_source(args), list(enumerate(tasks, start=1)))]
     problems += check_rewards(files, cfg.reward, sandbox_key="reward.sandbox_url (--sandbox-url)")
-    if args.tools_config or _configured_tools(cfg):
+    if args.tools_config or (_configured_tools(cfg) and not args.serve_tools):
         served, tool_problems = served_tools(args.tools_config or cfg.tools,
                                              "--tools-config" if args.tools_config else "tools")
         problems += tool_problems
@@ -290,7 +295,8 @@ def add_commands(subparsers) -> None:
     tools = p.add_mutually_exclusive_group()
     tools.add_argument("--tools-config", default=None, help="tools YAML of running tool services (HTTP/MCP)")
     tools.add_argument("--serve-tools", action="store_true",
-                       help="serve the suite's built-in tools over HTTP in a child process during the run")
+                       help="serve the suite's built-in tools over HTTP in a child process during the run "
+                            "(instead of the tools of --config)")
     p.add_argument("--sandbox-url", default=None, help="sandbox for unit-test rewards (code suite)")
     p.add_argument("--out", default=None, help="run directory (default runs/eval-NAME)")
     p.add_argument("--name", default=None, help="column name of this model (default: its directory name)")

@@ -62,6 +62,29 @@ def test_cli_serve_tools_and_compare_with_a_second_model(tiny_model_dir, tmp_pat
     assert report in capsys.readouterr().out
 
 
+def test_cli_serve_tools_replaces_the_tool_services_of_a_finished_runs_config(tiny_model_dir, tmp_path, capsys):
+    """A training run's config.yaml names the tool services that ran with it; evaluating its checkpoints with that
+    config and --serve-tools uses the served built-ins, and never contacts the stopped services."""
+    from agentrl.cli import main
+    from agentrl.services import free_port
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"tools:\n  services:\n  - {{url: 'http://127.0.0.1:{free_port()}', name: stopped}}\n"
+                      "agent: {max_new_tokens_per_turn: 8, max_assistant_turns: 2}\n")
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(tiny_model_dir), "--suite", "calc,lookup", "--num-tasks", "1",
+                 "--config", str(config), "--serve-tools", "--out", str(out)]) == 0
+    record = load_eval(out)
+    assert record["summary"]["num_tasks"] == 2 and record["summary"]["infra_failed_episodes"] == 0
+    assert set(record["config"]["tools"]["served_by"].values()) == {"eval-tools"}
+    # without --serve-tools the stopped service is the config's choice: one line naming it, before any rollout
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tiny_model_dir), "--suite", "calc", "--num-tasks", "1",
+                 "--config", str(config), "--out", str(tmp_path / "eval-2")]) != 0
+    assert "tool service 'stopped'" in capsys.readouterr().err
+    assert not (tmp_path / "eval-2" / "eval.json").exists()
+
+
 def _bwrap_missing() -> str | None:
     import os
 
