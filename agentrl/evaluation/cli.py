@@ -70,6 +70,10 @@ def _load_config(args: argparse.Namespace):
     cfg = load_config(TrainConfig, args.config, args.override)
     if args.sandbox_url:
         cfg.reward.sandbox_url = args.sandbox_url
+    if args.serve_tools:  # the served built-ins replace the config's tools (a finished run's stopped services)
+        from agentrl.tools.config import ToolsConfig
+
+        cfg.tools = ToolsConfig()
     return cfg
 
 
@@ -86,17 +90,14 @@ def _tools(args: argparse.Namespace, cfg, tasks) -> Iterator[object]:
 
     if args.tools_config:
         yield ToolRegistry.from_config(args.tools_config)
-    elif args.serve_tools:  # asked for on the command line: beats the tools of --config (a finished run's services)
+    elif _configured_tools(cfg):
+        yield ToolRegistry.from_tools_config(cfg.tools)
+    elif args.serve_tools and _tool_names(tasks):
         names = _tool_names(tasks)
-        if not names:
-            yield None
-            return
         kwargs = builtin_tools_kwargs(names, cfg.reward.sandbox_url)
         with serve_builtin_tools(names, tool_kwargs=kwargs) as url:
             print(f"tool service for {', '.join(names)} on {url}", file=sys.stderr, flush=True)
             yield ToolRegistry.from_tools_config(ToolsConfig(services=[ServiceConfig(url=url, name="eval-tools")]))
-    elif _configured_tools(cfg):
-        yield ToolRegistry.from_tools_config(cfg.tools)
     else:
         yield None
 
@@ -175,7 +176,7 @@ def _check_rollout(args: argparse.Namespace, cfg, tasks: list, models: list[tupl
         problems.append(f"--k {' '.join(map(str, too_big))}: pass@k needs k <= --n ({args.n} samples per task)")
     files = [TaskRows(_tasks_source(args), list(enumerate(tasks, start=1)))]
     problems += check_rewards(files, cfg.reward, sandbox_key="reward.sandbox_url (--sandbox-url)")
-    if args.tools_config or (_configured_tools(cfg) and not args.serve_tools):
+    if args.tools_config or _configured_tools(cfg):
         served, tool_problems = served_tools(args.tools_config or cfg.tools,
                                              "--tools-config" if args.tools_config else "tools")
         problems += tool_problems
