@@ -28,9 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--memory-requests", type=int, default=256,
                         help="queued requests for the memory check on the last model (0: skip)")
-    parser.add_argument("--episodes", type=int, default=16,
-                        help="multi-turn check on the last model: episodes x 4 turns, with vs without session KV "
-                             "reuse (0: skip)")
+    parser.add_argument("--episodes", type=int, default=32,
+                        help="multi-turn check on the last model: GRPO-like episodes x 4 turns without KV reuse, "
+                             "with session reuse, and with session + shared-prefix reuse (0: skip)")
+    parser.add_argument("--group", type=int, default=8, help="multi-turn check: samples per task (GRPO n)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -160,42 +161,52 @@ def _memory_check(path: Path, args) -> None:
 
 
 def _multi_turn(path: Path, args) -> None:
-    """Episodes of 4 turns (prompt 200 tokens, 32 sampled + 24 observation tokens per turn), all concurrent:
-    once with session_id (each turn prefills only its new tokens), once without (whole prompt every turn)."""
+    """GRPO-like episodes of 4 turns, all concurrent: groups of `--group` samples of one task, every task's
+    prompt = a 160-token system prompt shared by all + a 40-token question; each turn samples up to 32 tokens
+    (T=1, per-episode seeds) and appends a 24-token observation. Three engines, one after another: no KV cache
+    (identical prompts admitted together are still prefilled once), the session cache only (each turn prefills
+    only its new tokens), session + shared-prefix caches (the default)."""
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.local import LocalEngine
     from agentrl.types import SamplingParams
 
-    engine = LocalEngine.from_pretrained(path, EngineConfig(max_batch_size=args.max_batch_size,
-                                                            num_threads=args.threads))
-    rng = random.Random(args.seed + 2)
-    sp = SamplingParams(max_new_tokens=32, temperature=0)
+    variants = (("no caches", 0, 0), ("session cache", 32768, 0), ("session + shared-prefix", 32768, 16384))
+    results, walls = {}, {}
+    for label, session_tokens, shared_tokens in variants:
+        engine = LocalEngine.from_pretrained(path, EngineConfig(
+            max_batch_size=args.max_batch_size, num_threads=args.threads, prefix_cache_tokens=session_tokens,
+            shared_prefix_cache_tokens=shared_tokens))
+        vocab = engine.vocab_size
 
-    async def episode(i: int, sessions: bool) -> list[int]:
-        ids = [rng.randrange(10, engine.vocab_size) for _ in range(200)]
-        for turn in range(4):
-            g = await engine.generate(ids, sp, session_id=f"ep{i}" if sessions else None)
-            ids = ids + g.token_ids + [(i * 7 + turn * 13 + k) % engine.vocab_size for k in range(24)]
-        return ids
+        async def episode(i: int, run: int, engine=engine, vocab=vocab) -> list[int]:
+            rng = random.Random(args.seed + 2 + run)  # the warm-up run (0) shares no prompt with the measured one
+            system = [rng.randrange(10, vocab) for _ in range(160)]
+            rng.seed(f"{args.seed}/{run}/{i // args.group}")
+            ids = system + [rng.randrange(10, vocab) for _ in range(40)]
+            for turn in range(4):
+                sp = SamplingParams(max_new_tokens=32, temperature=1.0, seed=1000 * i + turn)
+                g = await engine.generate(ids, sp, session_id=f"run{run}-ep{i}")
+                ids = ids + g.token_ids + [(i * 7 + turn * 13 + k) % vocab for k in range(24)]
+            return ids
 
-    results = {}
-    for sessions in (False, True):
+        async def all_episodes(run: int, episode=episode):
+            return await asyncio.gather(*[episode(i, run) for i in range(args.episodes)])
+
+        asyncio.run(all_episodes(0))  # warm-up: first-touch allocations, lazy imports
         before = dict(engine.stats)
         t0, c0 = time.perf_counter(), time.process_time()
-
-        async def all_episodes(s=sessions):
-            return await asyncio.gather(*[episode(i, s) for i in range(args.episodes)])
-
-        rng.seed(args.seed + 2)
-        results[sessions] = asyncio.run(all_episodes())
+        results[label] = asyncio.run(all_episodes(1))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        walls[label] = wall
         prefilled = engine.stats["prefill_tokens"] - before["prefill_tokens"]
         reused = engine.stats["cached_tokens"] - before["cached_tokens"]
-        print(f"  {'with' if sessions else 'without':7s} session reuse: {wall:6.2f}s wall, {cpu:6.2f} cpu-s, "
-              f"prefilled {prefilled} tokens, reused {reused}")
-    same = sum(a == b for a, b in zip(results[False], results[True]))
-    print(f"  identical episodes with and without reuse: {same}/{args.episodes}")
-    engine.close_sync()
+        print(f"  {label:27s} {wall:6.2f}s wall, {cpu:6.2f} cpu-s, prefilled {prefilled:6d} tokens, "
+              f"reused {reused:6d}; speed-up vs no caches {walls['no caches'] / wall:4.2f}x")
+        engine.close_sync()
+    base = results["no caches"]
+    for label, _, _ in variants[1:]:
+        same = sum(a == b for a, b in zip(base, results[label]))
+        print(f"  identical episodes, {label} vs no caches: {same}/{args.episodes}")
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -221,7 +232,8 @@ def run(args) -> int:
         for path, label in targets:
             _measure(path, label, args)
         if args.episodes:
-            print(f"\n== multi-turn: {args.episodes} concurrent episodes x 4 turns on {targets[-1][1]}")
+            print(f"\n== multi-turn: {args.episodes} concurrent episodes x 4 turns, groups of {args.group}, on "
+                  f"{targets[-1][1]}")
             _multi_turn(targets[-1][0], args)
         if args.memory_requests:
             _memory_check(targets[-1][0], args)

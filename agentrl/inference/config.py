@@ -29,6 +29,7 @@ class EngineConfig:
     max_prefill_tokens: int = 4096  # prompt tokens prefilled per scheduler step (bounds prefill memory/latency)
     num_threads: int | None = None  # torch intra-op threads for the decode thread; None: torch's default
     prefix_cache_tokens: int = 32768  # KV of finished turns kept per session_id for the next turn; 0: off
+    shared_prefix_cache_tokens: int = 16384  # KV of recent prompts, reused by prompts sharing a prefix; 0: off
 
     # --- sglang client ---
     urls: list[str] = field(default_factory=list)  # e.g. ["http://127.0.0.1:30000"]
@@ -49,6 +50,9 @@ class EngineConfig:
             raise ValueError(f"engine.max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.prefix_cache_tokens < 0:
             raise ValueError(f"engine.prefix_cache_tokens must be >= 0 (0 disables it), got {self.prefix_cache_tokens}")
+        if self.shared_prefix_cache_tokens < 0:
+            raise ValueError(f"engine.shared_prefix_cache_tokens must be >= 0 (0 disables it), "
+                             f"got {self.shared_prefix_cache_tokens}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"engine.num_threads must be >= 1 or null, got {self.num_threads}")
         if self.request_timeout_s <= 0 or self.health_timeout_s <= 0:

@@ -9,8 +9,9 @@ How it works: `generate()` is called from many coroutines; each call enqueues a 
 One decode thread (off the event loop, so tool calls keep being serviced while the model runs) loops:
 
 1. drop aborted rows; admit waiting requests into free slots (up to `max_batch_size` rows and
-   `max_prefill_tokens` prompt tokens per step); their prompts are prefilled a few at a time, right-padded in
-   groups of similar length (`prefill.py`), and the first tokens sampled;
+   `max_prefill_tokens` uncached prompt tokens per step); identical prompts are prefilled once, each prompt after
+   the longest prefix a cache holds (its session's last turn, or a recent prompt: `prefix_cache.py`), several
+   in one pass, right-padded in groups of similar length (`prefill.py`), and the first tokens sampled;
 2. one forward pass decodes one token for every running row over a left-padded KV cache (`kv_batch.py`);
 3. finished rows (stop token, EOS, stop string, max_new_tokens, context full) leave the batch and their futures
    are resolved, one event-loop wake-up per step.
@@ -20,7 +21,8 @@ weights, but no step mixes weights. `weight_version` is reported in `Generation.
 
 Memory: the decode batch's KV cache is at most `max_batch_size x max_model_len` token slots; waiting requests
 hold only their prompt ids (at most `max_queued_requests` of them); finished turns of a `session_id` keep their
-KV for the episode's next turn, at most `prefix_cache_tokens` tokens in all (`prefix_cache.py`).
+KV for the episode's next turn, at most `prefix_cache_tokens` tokens in all; prefilled prompts keep theirs for
+prompts sharing a prefix, at most `shared_prefix_cache_tokens` (`prefix_cache.py`).
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ import torch
 from agentrl.inference.base import EngineError, ModelNotFoundError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.kv_batch import PaddedKVBatch, RowKV, cache_kwarg
-from agentrl.inference.prefill import LastLayerTrim, plan_groups, prefill_padded, prefill_with_prefix
-from agentrl.inference.prefix_cache import SessionPrefixCache
+from agentrl.inference.prefill import LastLayerTrim, plan_groups, prefill_after_prefixes
+from agentrl.inference.prefix_cache import SessionPrefixCache, SharedPrefixCache
 from agentrl.inference.sampling import make_generator, sample_batch
 from agentrl.types import Generation, SamplingParams
 
@@ -72,6 +74,20 @@ class _Request:
     finished: bool = False
     session_id: str | None = None
     cached_tokens: int = 0
+
+
+@dataclass
+class _Prefill:
+    """One distinct prompt of an admission: its cached prefix (m, K/V) if any, then its prefilled K/V and logits."""
+    prompt: list[int]
+    prefix: tuple[int, list] | None
+    from_session: bool
+    row: RowKV | None = None
+    logits: torch.Tensor | None = None
+
+    @property
+    def start(self) -> int:
+        return 0 if self.prefix is None else self.prefix[0]
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -122,6 +138,7 @@ class LocalEngine:
         # a ready-made 4D mask skips transformers' mask construction each step; SDPA takes bool masks
         self._mask_4d = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self._prefix = SessionPrefixCache(self.config.prefix_cache_tokens)
+        self._shared = SharedPrefixCache(self.config.shared_prefix_cache_tokens)
         self.stats = {"steps": 0, "prefills": 0, "prefill_tokens": 0, "cached_tokens": 0, "max_rows": 0,
                       "max_token_slots": 0}
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
@@ -253,6 +270,7 @@ class LocalEngine:
                 own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
             self.weight_version += 1
             self._prefix.clear()  # KV computed with the old weights must not seed new requests
+            self._shared.clear()
             if not self._running:  # between rollout phases: give the idle KV buffers back
                 self._batch.release()
         return self.weight_version
@@ -321,51 +339,77 @@ class LocalEngine:
     def _admit(self) -> None:
         budget = self.config.max_prefill_tokens
         admitted: list[_Request] = []
+        seen: set[tuple[int, ...]] = set()
         with self._cv:
             while self._waiting and len(self._running) + len(admitted) < self.config.max_batch_size:
                 nxt = self._waiting[0]
-                if admitted and len(nxt.prompt) > budget:
+                key = tuple(nxt.prompt)
+                cost = 0 if key in seen else len(nxt.prompt) - self._cached_length(nxt)
+                if admitted and cost > budget:
                     break
-                budget -= len(nxt.prompt)
+                budget -= cost
+                seen.add(key)
                 admitted.append(self._waiting.popleft())
         if not admitted:
             return
         self._admitting = admitted  # failed by _fail_running if a prefill raises
-        rows: list[RowKV | None] = [None] * len(admitted)
-        logits: list[torch.Tensor | None] = [None] * len(admitted)
-        fresh = []
-        for i, r in enumerate(admitted):
+        # identical prompts (the n samples of a GRPO group) are prefilled once; each prompt after its cached prefix
+        unique: dict[tuple[int, ...], int] = {}
+        work: list[_Prefill] = []
+        slot = []
+        for r in admitted:
             r.t_start = time.perf_counter()
             r.weight_version_start = self.weight_version
             hit = self._prefix.take(r.session_id, r.prompt) if r.session_id and self._prefix.max_tokens else None
-            if hit is None:
-                fresh.append(i)
-                continue
-            r.cached_tokens = hit[0]
-            rows[i], logits[i] = prefill_with_prefix(self.model, r.prompt, hit, self._cache_kw, self.device,
-                                                     trim=self._trim)
-            self._count_prefill(len(r.prompt) - hit[0], hit[0])
-        for group in plan_groups([len(admitted[i].prompt) for i in fresh], self.config.max_prefill_tokens):
-            members = [fresh[g] for g in group]
-            group_rows, group_logits = prefill_padded(self.model, [admitted[i].prompt for i in members],
-                                                      self._cache_kw, self.device, trim=self._trim)
-            for j, i in enumerate(members):
-                rows[i], logits[i] = group_rows[j], group_logits[j:j + 1]
-                self._count_prefill(len(admitted[i].prompt), 0)
-        tokens, logprobs = sample_batch(torch.cat(logits), [r.params for r in admitted],
+            j = unique.get(tuple(r.prompt))
+            if j is None:
+                j = unique[tuple(r.prompt)] = len(work)
+                work.append(_Prefill(r.prompt, hit, from_session=hit is not None))
+                if hit is None and self._shared.max_tokens:
+                    work[j].prefix = self._shared.lookup(r.prompt)
+            slot.append(j)
+        misses = [w for w in work if w.prefix is None]
+        if self._shared.max_tokens and len(misses) > 1:
+            # prompts admitted together share prefixes too (a suite's system prompt): prefill one of them first,
+            # so the others start after what they share with it
+            self._prefill([misses[0]])
+            for w in misses[1:]:
+                w.prefix = self._shared.lookup(w.prompt)
+        rest = [w for w in work if w.row is None]
+        for group in plan_groups([len(w.prompt) - w.start for w in rest], self.config.max_prefill_tokens):
+            self._prefill([rest[g] for g in group])
+        for r, j in zip(admitted, slot):
+            r.cached_tokens = work[j].start
+        logits = [work[j].logits for j in slot]
+        tokens, logprobs = sample_batch(torch.stack(logits), [r.params for r in admitted],
                                         [r.generator for r in admitted], _banned(admitted))
         joined, joined_rows = [], []
-        for r, row, token, logprob in zip(admitted, rows, tokens, logprobs):
+        for r, j, token, logprob in zip(admitted, slot, tokens, logprobs):
             reason = self._append(r, token, logprob)
             if reason is not None:
-                self._remember(r, reason, [(k.unsqueeze(0).clone(), v.unsqueeze(0).clone()) for k, v in row])
+                self._remember(r, reason, [(k.unsqueeze(0).clone(), v.unsqueeze(0).clone()) for k, v in work[j].row])
                 self._finish(r, reason)
                 continue
             joined.append(r)
-            joined_rows.append(row)
+            joined_rows.append(work[j].row)
         self._batch.add(joined_rows, [len(r.prompt) for r in joined])
         self._running.extend(joined)
         self._admitting = []
+
+    def _prefill(self, items: list[_Prefill]) -> None:
+        """Prefill `items` in one pass; a first-turn prompt's KV is kept for prompts sharing a prefix with it."""
+        rows, logits = prefill_after_prefixes(self.model, [w.prompt for w in items], [w.prefix for w in items],
+                                              self._cache_kw, self.device, trim=self._trim)
+        for w, row, lg in zip(items, rows, logits):
+            w.row, w.logits = row, lg
+            self._count_prefill(len(w.prompt) - w.start, w.start)
+            if not w.from_session and self._shared.max_tokens and w.start < len(w.prompt) - 1:
+                self._shared.put(w.prompt, [(k.unsqueeze(0).clone(), v.unsqueeze(0).clone()) for k, v in row])
+
+    def _cached_length(self, r: _Request) -> int:
+        """Prompt tokens of `r` whose KV a cache holds (its session's last turn, or a prompt sharing a prefix)."""
+        m = self._prefix.match(r.session_id, r.prompt) if self._prefix.max_tokens else 0
+        return m or (self._shared.match(r.prompt) if self._shared.max_tokens else 0)
 
     def _count_prefill(self, tokens: int, cached: int) -> None:
         self.stats["prefills"] += 1

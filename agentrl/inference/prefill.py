@@ -1,4 +1,4 @@
-"""Prefill for the local engine: several admitted prompts in one forward pass.
+"""Prefill for the local engine: several admitted prompts in one forward pass, each after its cached prefix.
 
 Prompts of different lengths are grouped by length and right-padded to the longest of their group. Right
 padding needs no attention mask: with causal attention a real token never sees the pad tokens after it, and
@@ -136,22 +136,54 @@ def prefill_padded(model, prompts: list[list[int]], cache_kw: str, device,
     return rows, logits[:, -1, :].float().cpu()
 
 
-def prefill_with_prefix(model, prompt: list[int], prefix: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None,
-                        cache_kw: str, device, trim: LastLayerTrim | None = None) -> tuple[RowKV, torch.Tensor]:
-    """Run one prompt after the K/V of its first m tokens (`prefix` = (m, per layer K/V [1, kv_heads, m,
-    head_dim])). Returns (per layer K/V [kv_heads, n, head_dim] of the whole prompt, logits [1, vocab] fp32)."""
+def prefill_after_prefixes(model, prompts: list[list[int]], prefixes: list[tuple[int, list] | None], cache_kw: str,
+                           device, trim: LastLayerTrim | None = None) -> tuple[list[RowKV], torch.Tensor]:
+    """Run several prompts in one forward pass, each after the cached K/V of its first m tokens.
+
+    `prefixes[i]` is None or (m, per layer K/V [1, kv_heads, m, head_dim] of prompts[i][:m]). Layout: the
+    cached prefixes right-aligned in M = max(m) columns (zeros before a shorter one, masked out), the new tokens
+    right-padded in S = max(n - m) columns at positions m, m + 1, ...; a 2D padding mask over the M + S key
+    columns lets the model build its causal mask as for any cached batch. Each row's K/V and next-token logits
+    are those of the row's whole prompt run alone, up to float rounding. Returns (per row: per layer K/V
+    [kv_heads, n, head_dim] views of its whole prompt, next-token logits [rows, vocab] in fp32).
+    """
+    starts = [0 if p is None else p[0] for p in prefixes]
+    if not any(starts):
+        return prefill_padded(model, prompts, cache_kw, device, trim=trim)
+    width_M, rows = max(starts), len(prompts)
+    suffix_lengths = [len(p) - m for p, m in zip(prompts, starts)]
+    width_S = max(suffix_lengths)
+    ids_R_S = torch.zeros((rows, width_S), dtype=torch.long)
+    for row, (p, m) in enumerate(zip(prompts, starts)):
+        ids_R_S[row, :len(p) - m] = torch.tensor(p[m:], dtype=torch.long)
+    like = next(p[1] for p in prefixes if p is not None)
     cache = DynamicCache(config=model.config)
-    start = 0
-    if prefix is not None:
-        start, kv = prefix
-        for li, (k, v) in enumerate(kv):
-            cache.update(k, v, li)
-    ids = torch.tensor([prompt[start:]], dtype=torch.long, device=device)
-    with trim.at(torch.tensor([ids.shape[1] - 1], device=device)) if trim is not None else _nothing():
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+    for li, (k_like, v_like) in enumerate(like):
+        keys = k_like.new_zeros(rows, k_like.shape[1], width_M, k_like.shape[3])
+        values = v_like.new_zeros(rows, v_like.shape[1], width_M, v_like.shape[3])
+        for row, prefix in enumerate(prefixes):
+            if prefix is not None:
+                m, kv = prefix
+                keys[row, :, width_M - m:] = kv[li][0][0]
+                values[row, :, width_M - m:] = kv[li][1][0]
+        cache.update(keys.to(device), values.to(device), li)
+    starts_R = torch.tensor(starts, dtype=torch.long)
+    cols_M = torch.arange(width_M, dtype=torch.long)
+    mask_R_C = torch.cat([(cols_M.unsqueeze(0) >= (width_M - starts_R).unsqueeze(1)).long(),
+                          torch.ones((rows, width_S), dtype=torch.long)], dim=1)
+    positions_R_S = starts_R.unsqueeze(1) + torch.arange(width_S, dtype=torch.long).unsqueeze(0)
+    last_R_1 = torch.tensor([[n - 1] for n in suffix_lengths], dtype=torch.long, device=device)
+    with trim.at(last_R_1[:, 0]) if trim is not None else _nothing():
+        out = model(input_ids=ids_R_S.to(device), attention_mask=mask_R_C.to(device),
+                    position_ids=positions_R_S.to(device), use_cache=True, logits_to_keep=last_R_1,
+                    **{cache_kw: cache})
     check_full_attention(cache)
-    row = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
-    return row, out.logits[:, -1, :].float().cpu()
+    kv_rows = [[(layer.keys[row, :, width_M - m:width_M + n], layer.values[row, :, width_M - m:width_M + n])
+                for layer in cache.layers] for row, (m, n) in enumerate(zip(starts, suffix_lengths))]
+    logits = out.logits
+    if logits.shape[1] != 1:  # a model whose forward ignores logits_to_keep returns every position
+        logits = logits[torch.arange(rows, device=logits.device), last_R_1[:, 0]].unsqueeze(1)
+    return kv_rows, logits[:, -1, :].float().cpu()
 
 
 @contextmanager
@@ -159,4 +191,4 @@ def _nothing():
     yield
 
 
-__all__ = ["PASS_COST_TOKENS", "LastLayerTrim", "plan_groups", "prefill_padded", "prefill_with_prefix"]
+__all__ = ["PASS_COST_TOKENS", "LastLayerTrim", "plan_groups", "prefill_after_prefixes", "prefill_padded"]

@@ -98,7 +98,8 @@ def run_engine_config(run_dir: str | Path, *, max_model_len: int | None, dtype: 
         section = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("engine") or {}
     elif (run_dir / "eval.json").is_file():
         section = json.loads((run_dir / "eval.json").read_text()).get("config", {}).get("engine") or {}
-    keep = {"dtype", "max_batch_size", "max_prefill_tokens", "prefix_cache_tokens", "num_threads"}
+    keep = {"dtype", "max_batch_size", "max_prefill_tokens", "prefix_cache_tokens",
+            "shared_prefix_cache_tokens", "num_threads"}
     values = {k: v for k, v in section.items() if k in keep}
     values.update(backend="local", device="cpu", max_model_len=max_model_len)
     if dtype:

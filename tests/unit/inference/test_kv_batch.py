@@ -1,8 +1,11 @@
-"""PaddedKVBatch (rows join, decode, leave, buffers regrow), the prefill grouping plan and the padded prefill."""
+"""PaddedKVBatch (rows join, decode, leave, buffers regrow), the prefill grouping plan and the prefills (padded,
+after cached prefixes)."""
 
 from __future__ import annotations
 
 import random
+
+import pytest
 
 import torch
 
@@ -107,26 +110,60 @@ def test_plan_groups_balances_padding_against_passes():
     assert flat == list(range(40))
 
 
+def _alone(model, prompt: list[int]):
+    """One prompt run by itself: per layer K/V [kv_heads, n, head_dim] and the next-token logits [vocab]."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True, cache=cache)
+    return [(layer.keys[0], layer.values[0]) for layer in cache.layers], out.logits[0, -1].float()
+
+
+def _assert_each_row_as_alone(model, prompts, rows, logits) -> None:
+    for p, row, lg in zip(prompts, rows, logits):
+        alone_row, alone_logits = _alone(model, p)
+        assert torch.allclose(lg, alone_logits, atol=1e-5)
+        for (k, v), (k1, v1) in zip(row, alone_row):
+            assert k.shape == k1.shape == (model.config.num_key_value_heads, len(p), k.shape[-1])
+            assert torch.allclose(k, k1, atol=1e-5) and torch.allclose(v, v1, atol=1e-5)
+
+
 def test_padded_prefill_matches_one_row_prefill(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from agentrl.inference.prefill import prefill_padded, prefill_with_prefix
+    from agentrl.inference.prefill import prefill_padded
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     prompts = [[5 + i for i in range(n)] for n in (7, 30, 1, 19)]
     with torch.inference_mode():
         rows, logits = prefill_padded(model, prompts, "cache", "cpu")
-        for p, row, lg in zip(prompts, rows, logits):
-            alone_row, alone_logits = prefill_with_prefix(model, p, None, "cache", "cpu")
-            assert torch.allclose(lg, alone_logits[0], atol=1e-5)
-            for (k, v), (k1, v1) in zip(row, alone_row):
-                assert k.shape == k1.shape == (model.config.num_key_value_heads, len(p), k.shape[-1])
-                assert torch.allclose(k, k1, atol=1e-5) and torch.allclose(v, v1, atol=1e-5)
+        _assert_each_row_as_alone(model, prompts, rows, logits)
         # a model whose forward ignores logits_to_keep (returns every position) gives the same next-token logits
         real_forward = model.forward
         model.forward = lambda **kw: real_forward(**{**kw, "logits_to_keep": 0})
         _, all_positions = prefill_padded(model, prompts, "cache", "cpu")
     assert torch.allclose(all_positions, logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("trimmed", [False, True])
+def test_prefill_after_cached_prefixes_matches_one_row_prefill(tiny_model_dir, trimmed):
+    """Rows with cached prefixes of different lengths (and one without) in one pass: each row's K/V and logits are
+    those of its whole prompt run alone."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.inference.prefill import LastLayerTrim, prefill_after_prefixes
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    rng = random.Random(5)
+    prompts = [[rng.randrange(10, 3000) for _ in range(n)] for n in (40, 90, 13, 120, 61)]
+    cuts = [20, 0, 12, 100, 60]  # 0: no cached prefix; 12 of 13 and 60 of 61: one new token
+    trim = LastLayerTrim(model) if trimmed else None
+    with torch.inference_mode():
+        prefixes = [None if c == 0 else (c, [(k[:, :c].unsqueeze(0), v[:, :c].unsqueeze(0))
+                                             for k, v in _alone(model, p[:c])[0]])
+                    for p, c in zip(prompts, cuts)]
+        rows, logits = prefill_after_prefixes(model, prompts, prefixes, "cache", "cpu", trim=trim)
+        _assert_each_row_as_alone(model, prompts, rows, logits)
 
 
 def test_last_layer_trim_is_exact_and_leaves_other_threads_alone(tiny_model_dir):

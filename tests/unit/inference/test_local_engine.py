@@ -288,8 +288,8 @@ async def test_session_turns_reuse_kv_and_match_fresh_generation(engine):
     turn2 = await engine.generate(prompt2, sp, session_id="episode-1")
     assert turn2.metrics["cached_tokens"] == len(prompt) + len(turn1.token_ids) - 1
     assert engine.stats["cached_tokens"] - cached_before == turn2.metrics["cached_tokens"]
-    fresh = await engine.generate(prompt2, sp)  # no session: full prefill
-    assert fresh.metrics["cached_tokens"] == 0
+    fresh = await engine.generate(prompt2, sp)  # no session: only turn 1's prompt is shared (SharedPrefixCache)
+    assert fresh.metrics["cached_tokens"] == len(prompt)
     assert turn2.token_ids == fresh.token_ids
     ref = _trainer_logprobs(engine.model, prompt2, turn2.token_ids, 0.9)
     assert (torch.tensor(turn2.logprobs) - ref).abs().max().item() < 1e-4
@@ -300,3 +300,34 @@ async def test_session_turns_reuse_kv_and_match_fresh_generation(engine):
     await engine.update_weights({k: v.clone() for k, v in engine.model.state_dict().items()})
     again = await engine.generate(prompt2[:30] + [7] * 20 + [9], sp, session_id="episode-1")
     assert again.metrics["cached_tokens"] == 0
+
+
+async def test_shared_prompt_prefixes_are_prefilled_once_and_change_no_output(tiny_model_dir):
+    """A GRPO-like batch: 4 prompts sharing a 70-token system prefix, 4 samples each, all submitted at once. With
+    the shared-prefix cache each distinct prompt is prefilled once, after the prefix; tokens and logprobs equal an
+    engine without it."""
+    rng = random.Random(3)
+    system = [rng.randrange(10, 3000) for _ in range(70)]
+    prompts = [system + [rng.randrange(10, 3000) for _ in range(rng.randint(5, 30))] for _ in range(4)]
+    params = [SamplingParams(max_new_tokens=10, temperature=0.8, seed=100 + i) for i in range(16)]
+    results = {}
+    for shared in (0, 4096):
+        eng = LocalEngine.from_pretrained(tiny_model_dir, EngineConfig(max_batch_size=16, max_model_len=256,
+                                                                       shared_prefix_cache_tokens=shared))
+        try:
+            first = await eng.generate(prompts[0][:75], SamplingParams(max_new_tokens=1, temperature=0))
+            gens = await asyncio.gather(*[eng.generate(prompts[i // 4], sp) for i, sp in enumerate(params)])
+            results[shared] = (first, gens, dict(eng.stats))
+        finally:
+            eng.close_sync()
+    (_, plain, plain_stats), (_, cached, stats) = results[0], results[4096]
+    for a, b in zip(plain, cached):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert all(g.metrics["cached_tokens"] == 0 for g in plain)
+    # the first request's prompt (system + 5 tokens) is kept; every later prompt starts after its shared part
+    assert all(g.metrics["cached_tokens"] >= 70 for g in cached)
+    assert plain_stats["prefill_tokens"] == 75 + sum(len(p) for p in prompts)
+    assert stats["prefill_tokens"] == 75 + (len(prompts[0]) - 75) + sum(len(p) - 70 for p in prompts[1:])
+    # identical prompts are prefilled once per admission: 4 distinct prompts -> at most 4 prefills after the first
+    assert plain_stats["prefills"] == 1 + 4 and stats["prefills"] == 1 + 4
