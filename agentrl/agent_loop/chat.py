@@ -22,10 +22,25 @@ Strategies, recorded per turn in the episode metrics (`template_mode`):
 The glue text begins right after a special token (the end-of-turn marker) and ends with the generation prompt,
 so encoding it separately gives the same ids as encoding the whole conversation (special tokens split the
 byte-level BPE pre-tokenization).
+
+Cost. The rollout driver's main thread calls this module several times per model turn, on the core the rollout
+engine also needs: a profile of GRPO steps of 304 episodes (~2 model turns each) spent ~1.3 s per step here, about
+half in jinja rendering (`apply_chat_template`, which also re-serialises the tool schemas every time) and half in
+`tokenizer.encode`. Much of it repeats: the 8 episodes of a GRPO group render and encode the same prompt, and each
+render of a turn is made twice (`assistant_text`'s full transcript is the next `_glue`'s `before`; `_glue`'s
+`after` is the next `assistant_text`'s `before`). So `ChatTemplate` keeps two bounded LRU memos, exact by
+construction:
+- renders, keyed by an exact image of the messages taken at call time (`_freeze`: every value with its type, dict
+  keys in order, since templates write dicts with `tojson` in insertion order), so mutating a message afterwards
+  never returns a stale render; messages holding anything but JSON-like values are rendered without the memo;
+- prompt ids, keyed by the prompt's text (a fresh list is returned every time).
+The memos assume the tokenizer and the tool list are not changed after construction. A template that reads the
+clock or draws random values (`strftime_now`, `random`) is not memoised.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 _BASE = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
@@ -87,6 +102,76 @@ def canonical_tools(tools: list[dict] | None) -> list[dict] | None:
     return [one(t) for t in sorted(tools, key=name)]
 
 
+# --- memos ---
+
+_MISSING = object()
+
+
+class _Unfreezable(TypeError):
+    pass
+
+
+def _freeze(value):
+    """An exact, hashable image of a JSON-like value: two values get equal images only if they are the same
+    types with the same contents in the same order (so 1, 1.0, True, "1" and -0.0 vs 0.0 stay apart, and so do
+    {"a": 1, "b": 2} and {"b": 2, "a": 1}). Raises _Unfreezable for anything else (tuples, non-str keys, subclasses,
+    objects), whose rendering the memo does not try to predict. Strings are shared, not copied."""
+    kind = type(value)
+    if kind is str:
+        return value
+    if kind is dict:
+        image = [dict]
+        for k, v in value.items():
+            if type(k) is not str:
+                raise _Unfreezable(k)
+            image += (k, _freeze(v))
+        return tuple(image)
+    if kind is list:
+        return (list, *map(_freeze, value))
+    if kind is float:
+        return (float, repr(value))  # by repr: -0.0 differs from 0.0 and nan equals nan, unlike float equality
+    if kind is int or kind is bool or value is None:
+        return (kind, value)
+    raise _Unfreezable(kind)
+
+
+class _LRU:
+    """A map that keeps its `max_entries` most recently used entries, and at most `max_size` in total size."""
+
+    def __init__(self, max_entries: int, max_size: int):
+        self.max_entries, self.max_size = max_entries, max_size
+        self._items: OrderedDict = OrderedDict()  # key -> (value, size)
+        self._size = 0
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key):
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return _MISSING
+        self.hits += 1
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key, value, size: int) -> None:
+        if size > self.max_size:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._size -= old[1]
+        self._items[key] = (value, size)
+        self._size += size
+        while len(self._items) > self.max_entries or self._size > self.max_size:
+            self._size -= self._items.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._size = 0
+
+
 class TemplateError(ValueError):
     """The tokenizer's chat template cannot produce the tokens between turns (not usable for multi-turn RL)."""
 
@@ -99,26 +184,55 @@ class Delta:
 
 class ChatTemplate:
     """Renders conversations with one tokenizer and one tool list (OpenAI function schemas or None), in the
-    canonical order of `canonical_tools`."""
+    canonical order of `canonical_tools`. Renders and prompt ids are memoised (module docstring, "Cost"); one
+    instance serves every episode with the same tools."""
+
+    RENDER_MEMO_ENTRIES = 4096  # > 2 renders x episodes in flight, the distance at which a render is reused
+    PROMPT_MEMO_ENTRIES = 1024
+    MEMO_MAX_CHARS = 1 << 26  # per memo: characters of rendered text, or prompt ids
 
     def __init__(self, tokenizer, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
         self.tools = canonical_tools(tools)
+        self._renders = _LRU(self.RENDER_MEMO_ENTRIES, self.MEMO_MAX_CHARS)
+        self._prompts = _LRU(self.PROMPT_MEMO_ENTRIES, self.MEMO_MAX_CHARS)
+        source = str(getattr(tokenizer, "chat_template", None))
+        self._memoise_renders = "strftime_now" not in source and "random" not in source
         self.end_of_turn = self._find_end_of_turn()
         self.end_of_turn_id = self._single_token_id(self.end_of_turn)
 
     # --- rendering ---
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+        key = None
+        if self._memoise_renders:
+            try:
+                key = (_freeze(add_generation_prompt), _freeze(messages))
+            except _Unfreezable:
+                pass
+            else:
+                text = self._renders.get(key)
+                if text is not _MISSING:
+                    return text
+        text = self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
+        if key is not None and type(text) is str:
+            self._renders.put(key, text, len(text))
+        return text
 
     def encode(self, text: str) -> list[int]:
         # The template text already holds every special token (BOS included when the template writes one).
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        text = self.render(messages, add_generation_prompt=True)
+        if type(text) is not str:
+            return self.encode(text)
+        ids = self._prompts.get(text)
+        if ids is _MISSING:
+            ids = tuple(self.encode(text))
+            self._prompts.put(text, ids, len(ids))
+        return list(ids)
 
     def assistant_text(self, messages: list[dict], message: dict) -> str | None:
         """The text the template writes for the assistant `message` after `messages`: what lies between the
