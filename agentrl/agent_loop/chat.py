@@ -216,7 +216,7 @@ class ChatTemplate:
                     return text
         text = self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
-        if key is not None and type(text) is str:
+        if key is not None:
             self._renders.put(key, text, len(text))
         return text
 
@@ -226,8 +226,6 @@ class ChatTemplate:
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         text = self.render(messages, add_generation_prompt=True)
-        if type(text) is not str:
-            return self.encode(text)
         ids = self._prompts.get(text)
         if ids is _MISSING:
             ids = tuple(self.encode(text))

@@ -361,9 +361,10 @@ class LocalEngine:
             r.t_start = time.perf_counter()
             r.weight_version_start = self.weight_version
             hit = self._prefix.take(r.session_id, r.prompt) if r.session_id and self._prefix.max_tokens else None
-            j = unique.get(tuple(r.prompt))
+            key = tuple(r.prompt)
+            j = unique.get(key)
             if j is None:
-                j = unique[tuple(r.prompt)] = len(work)
+                j = unique[key] = len(work)
                 work.append(_Prefill(r.prompt, hit, from_session=hit is not None))
                 if hit is None and self._shared.max_tokens:
                     work[j].prefix = self._shared.lookup(r.prompt)

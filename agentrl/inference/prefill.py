@@ -130,10 +130,7 @@ def prefill_padded(model, prompts: list[list[int]], cache_kw: str, device,
     check_full_attention(cache)
     rows = [[(layer.keys[row, :, :len(p)], layer.values[row, :, :len(p)]) for layer in cache.layers]
             for row, p in enumerate(prompts)]
-    logits = out.logits
-    if logits.shape[1] != 1:  # a model whose forward ignores logits_to_keep returns every position
-        logits = logits[torch.arange(len(prompts), device=logits.device), last_B_1[:, 0]].unsqueeze(1)
-    return rows, logits[:, -1, :].float().cpu()
+    return rows, _next_token_logits(out.logits, last_B_1)
 
 
 def prefill_after_prefixes(model, prompts: list[list[int]], prefixes: list[tuple[int, list] | None], cache_kw: str,
@@ -180,10 +177,14 @@ def prefill_after_prefixes(model, prompts: list[list[int]], prefixes: list[tuple
     check_full_attention(cache)
     kv_rows = [[(layer.keys[row, :, width_M - m:width_M + n], layer.values[row, :, width_M - m:width_M + n])
                 for layer in cache.layers] for row, (m, n) in enumerate(zip(starts, suffix_lengths))]
-    logits = out.logits
+    return kv_rows, _next_token_logits(out.logits, last_R_1)
+
+
+def _next_token_logits(logits: torch.Tensor, last_B_1: torch.Tensor) -> torch.Tensor:
+    """[rows, vocab] fp32 logits at each row's last position, from a forward given `logits_to_keep=last_B_1`."""
     if logits.shape[1] != 1:  # a model whose forward ignores logits_to_keep returns every position
-        logits = logits[torch.arange(rows, device=logits.device), last_R_1[:, 0]].unsqueeze(1)
-    return kv_rows, logits[:, -1, :].float().cpu()
+        logits = logits[torch.arange(len(last_B_1), device=logits.device), last_B_1[:, 0]].unsqueeze(1)
+    return logits[:, -1, :].float().cpu()
 
 
 @contextmanager
