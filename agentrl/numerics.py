@@ -1,13 +1,21 @@
-"""CPU kernels that compute the same floats on every x86-64 machine, for runs that must repeat elsewhere.
+"""CPU kernels pinned to one code path, so that runs repeat on other machines of the same CPU vendor.
 
-A training run on CPU is bit-reproducible on one machine: same seeds, same data order, same kernels (the
-thread count does not change the results of the ops agentrl uses). Across machines it is not, by default:
-PyTorch picks its vectorised ATen kernels (softmax, reductions, elementwise ops) and MKL its GEMM code path
-for the CPU it runs on (AVX-512 on one host, AVX2 on another), they round differently in the last bit, and
-a few hundred optimizer steps amplify that into a different model. `pin_cpu_kernels()` selects the AVX2 kernels
-of both libraries, which every x86-64 CPU of the last decade runs, so that machines with different vector units
-compute the same floats. It only sets what the user has not set, and must run before torch is first used
-(child processes, Ray workers included, inherit the environment).
+A training run on CPU computes other floats on another machine by default: PyTorch picks its vectorised ATen
+kernels (softmax, reductions, elementwise ops) and MKL its GEMM and vector-math code path for the CPU it runs on
+(AVX-512 on one host, AVX2 on another), they round differently in the last bit, and a few hundred optimizer steps
+amplify that into a different model. MKL's default branch also splits a GEMM by the number of threads it runs
+(on an Intel host, 1 and 2 threads gave different weights after 30 SFT steps), so even the core count changes the
+model. `pin_cpu_kernels()` selects the AVX2 kernels of ATen (`ATEN_CPU_CAPABILITY=avx2`) and MKL's AVX2 branch
+in strict mode (`MKL_CBWR=AVX2,STRICT`: the same results whatever the thread count; no cost measurable here).
+
+What that buys, measured (docs/quickstart.md#reproducibility-sft-per-machine-and-per-cpu-vendor): two AMD EPYC
+hosts, one with AVX-512 and one with AVX2 only, train the same SFT model; an Intel Xeon host trains another.
+MKL honours a named branch such as AVX2 on Intel CPUs only; on other vendors it runs its AUTO branch, so AMD and
+Intel hosts compute different GEMMs (and `torch.exp`) even pinned. The one branch MKL keeps identical across
+vendors, `MKL_CBWR=COMPATIBLE` (SSE2 without approximate reciprocals), made the tiny model's training step 2.2x
+and a decode step 1.7x slower here, so it is not the default; set it yourself (a value you set is kept) to trade
+that time for one model on Intel and AMD alike. Pinning only sets what the user has not set, and must run before
+torch is first used (child processes, Ray workers included, inherit the environment).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import os
 import platform
 from pathlib import Path
 
-PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
 
 
 def _cpuinfo() -> str:
@@ -41,8 +49,8 @@ def usable_cores() -> int:
 
 
 def pin_cpu_kernels() -> dict[str, str]:
-    """Select the AVX2 kernels of ATen and MKL (environment defaults, never overriding a user's value) on an
-    x86-64 CPU with AVX2; returns the variables set now ({} elsewhere, or when already set)."""
+    """Select the AVX2 kernels of ATen and MKL's strict AVX2 branch (environment defaults, never overriding a user's
+    value) on an x86-64 CPU with AVX2; returns the variables set now ({} elsewhere, or when already set)."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not _has_avx2():
         return {}
     changed = {}

@@ -72,10 +72,10 @@ class QuickstartSettings:
     # trainer config overrides for the RL phase, e.g. [algorithm.adv_estimator=rloo] or, for PPO with a critic
     # and GAE, [algorithm.adv_estimator=gae, critic.enable=true]: other algorithms on the same SFT model and budget
     rl_overrides: list[str] = field(default_factory=list)
-    # AVX2 kernels for ATen and MKL (agentrl/numerics.py), so every x86-64 machine with AVX2 computes the same
-    # floats and trains the same SFT model (measured: AMD EPYC hosts with AVX-512 and with AVX2 only, the same SFT
-    # loss to 4 digits and 62.5% / 62.5% held-out on both);
-    # false: this CPU's own kernels, whose last-bit rounding gives another SFT model on another CPU
+    # AVX2 kernels for ATen and MKL (agentrl/numerics.py), so that machines of one CPU vendor compute the same
+    # floats and train the same SFT model (measured: AMD EPYC hosts with AVX-512 and with AVX2 only, the same SFT
+    # loss to 4 digits and 62.5% / 62.5% held-out on both; an Intel Xeon trains another: MKL runs its AVX2
+    # branch on Intel CPUs only); false: this CPU's own kernels, another SFT model on each kind of CPU
     pin_kernels: bool = True
     tools_port: int | None = None  # None: a free port
     sandbox_port: int | None = None
