@@ -3,9 +3,9 @@
 A training run on CPU computes other floats on another machine by default: PyTorch picks its vectorised ATen
 kernels (softmax, reductions, elementwise ops) and MKL its GEMM and vector-math code path for the CPU it runs on
 (AVX-512 on one host, AVX2 on another), they round differently in the last bit, and a few hundred optimizer steps
-amplify that into a different model. MKL's default branch also splits a GEMM by the number of threads it runs
-(on an Intel host, 1 and 2 threads gave different weights after 30 SFT steps), so even the core count changes the
-model. `pin_cpu_kernels()` selects the AVX2 kernels of ATen (`ATEN_CPU_CAPABILITY=avx2`) and MKL's AVX2 branch
+amplify that into a different model. MKL's AVX2 branch outside strict mode also splits a GEMM by the number of
+threads it runs (on an Intel host, 1 and 2 threads gave different weights after 30 SFT steps), so even the core
+count changed the model. `pin_cpu_kernels()` selects the AVX2 kernels of ATen (`ATEN_CPU_CAPABILITY=avx2`) and MKL's AVX2 branch
 in strict mode (`MKL_CBWR=AVX2,STRICT`: the same results whatever the thread count; no cost measurable here).
 
 What that buys, measured (docs/quickstart.md#reproducibility-sft-per-machine-and-per-cpu-vendor): two AMD EPYC

@@ -39,7 +39,7 @@ def test_a_child_process_computes_with_the_pinned_kernels():
 @pytest.mark.skipif(not numerics._has_avx2() or "GenuineIntel" not in numerics._cpuinfo(),
                     reason="MKL runs a named branch (AVX2, strict) on Intel CPUs with AVX2 only")
 def test_pinned_gemms_do_not_depend_on_the_thread_count():
-    """MKL's default branch splits a GEMM with a long inner dimension (the LM head's weight gradient: vocabulary x
+    """MKL's AVX2 branch outside strict mode splits a GEMM with a long inner dimension (the LM head's weight gradient: vocabulary x
     tokens @ tokens x hidden) by thread count, and on an Intel host 30 SFT steps at 1 and 2 threads gave other
     weights; the strict branch the pin selects gives the same bits at any count."""
     code = ("from agentrl.numerics import pin_cpu_kernels; pin_cpu_kernels()\n"
