@@ -5,8 +5,9 @@ kernels (softmax, reductions, elementwise ops) and MKL its GEMM and vector-math 
 (AVX-512 on one host, AVX2 on another), they round differently in the last bit, and a few hundred optimizer steps
 amplify that into a different model. MKL's AVX2 branch outside strict mode also splits a GEMM by the number of
 threads it runs (on an Intel host, 1 and 2 threads gave different weights after 30 SFT steps), so even the core
-count changed the model. `pin_cpu_kernels()` selects the AVX2 kernels of ATen (`ATEN_CPU_CAPABILITY=avx2`) and MKL's AVX2 branch
-in strict mode (`MKL_CBWR=AVX2,STRICT`: the same results whatever the thread count; no cost measurable here).
+count changed the model. `pin_cpu_kernels()` selects the AVX2 kernels of ATen (`ATEN_CPU_CAPABILITY=avx2`) and
+MKL's AVX2 branch in strict mode (`MKL_CBWR=AVX2,STRICT`: the same results whatever the thread count; no cost
+measurable here).
 
 What that buys, measured (docs/quickstart.md#reproducibility-sft-per-machine-and-per-cpu-vendor): two AMD EPYC
 hosts, one with AVX-512 and one with AVX2 only, train the same SFT model; an Intel Xeon host trains another.

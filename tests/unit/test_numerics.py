@@ -28,29 +28,31 @@ def test_pin_does_nothing_off_x86(monkeypatch):
     assert numerics.pin_cpu_kernels() == {} and "ATEN_CPU_CAPABILITY" not in os.environ
 
 
+def run_unpinned_child(code: str, **env: str) -> str:
+    """stdout of `code` in a fresh interpreter whose environment has none of the pinned variables (plus `env`)."""
+    base = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_KERNELS}
+    return subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 @pytest.mark.skipif(not numerics._has_avx2(), reason="needs an x86-64 CPU with AVX2")
 def test_a_child_process_computes_with_the_pinned_kernels():
-    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_KERNELS}
     code = "from agentrl.numerics import pin_cpu_kernels, cpu_kernels; pin_cpu_kernels(); print(cpu_kernels())"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "ATen AVX2, MKL_CBWR=AVX2,STRICT"
+    assert run_unpinned_child(code) == "ATen AVX2, MKL_CBWR=AVX2,STRICT"
 
 
 @pytest.mark.skipif(not numerics._has_avx2() or "GenuineIntel" not in numerics._cpuinfo(),
                     reason="MKL runs a named branch (AVX2, strict) on Intel CPUs with AVX2 only")
 def test_pinned_gemms_do_not_depend_on_the_thread_count():
-    """MKL's AVX2 branch outside strict mode splits a GEMM with a long inner dimension (the LM head's weight gradient: vocabulary x
-    tokens @ tokens x hidden) by thread count, and on an Intel host 30 SFT steps at 1 and 2 threads gave other
-    weights; the strict branch the pin selects gives the same bits at any count."""
+    """MKL's AVX2 branch outside strict mode splits a GEMM with a long inner dimension (the LM head's weight
+    gradient: vocabulary x tokens @ tokens x hidden) by thread count, and on an Intel host 30 SFT steps at 1 and 2
+    threads gave other weights; the strict branch the pin selects gives the same bits at any count."""
     code = ("from agentrl.numerics import pin_cpu_kernels; pin_cpu_kernels()\n"
             "import hashlib, torch\n"
             "g = torch.Generator().manual_seed(0)\n"
             "grad, hidden = torch.randn(6400, 3066, generator=g), torch.randn(6400, 128, generator=g)\n"
             "print(hashlib.sha256((grad.T @ hidden).numpy().tobytes()).hexdigest())")
-    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_KERNELS}
-    digests = {subprocess.run([sys.executable, "-c", code], env={**env, "OMP_NUM_THREADS": threads,
-                                                               "MKL_NUM_THREADS": threads},
-                              capture_output=True, text=True, check=True).stdout.strip() for threads in ("1", "2")}
+    digests = {run_unpinned_child(code, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads) for threads in ("1", "2")}
     assert len(digests) == 1
 
 
