@@ -61,7 +61,7 @@ class QuickstartSettings:
     grpo_filter_rounds: int = 3
     # code demonstrations try the function with the python tool before answering (False: they answer at once)
     code_test_call: bool = True
-    max_response_tokens: int = 320  # a three-hop lookup episode takes ~260 tokens (up to 290)
+    max_response_tokens: int = 256
     max_assistant_turns: int = 4
     max_new_tokens_per_turn: int = 128  # one model turn (capped by max_response_tokens)
     max_concurrent_episodes: int = 128  # episodes rolled out at once (GRPO and the held-out evaluations)

@@ -63,8 +63,8 @@ def add_commands(subparsers) -> None:
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--kb", default=None, help="lookup only: where to write the KB (default OUT.kb.jsonl)")
     make.add_argument("--hard", action="store_true",
-                      help="train split only: the hard mix for RL (calc: 1/2/3 operations, lookup: 40%% two-hop and "
-                           "40%% three-hop, code: 1/2/3-step pipelines; train names and number ranges)")
+                      help="train split only: the hard mix for RL (calc: 1/2/3 operations, lookup: 70%% two-hop, "
+                           "code: 1/2/3-step pipelines; train names and number ranges)")
     make.set_defaults(func=_make)
 
     demos = sub.add_parser("demos", help="write N scripted, verified solution transcripts (SFT rows)")

@@ -7,7 +7,7 @@ and a `tool` message with the tool's real output, then a final assistant message
           makes every operand follow the token it follows in the question (numbers tokenize as " ", digits), so
           the first operand is copied like the others; written right after the JSON quote, its first digit has
           nothing in the question to match, and the tiny model often never learns it (docs/benchmarks.md).
-- lookup: lookup(entity) once per hop, each later hop on the value the last response showed; answer
+- lookup: lookup(entity) once per hop, the second hop on the value the first response showed; answer
           `<answer>{value}</answer>`. The first turn names the relations it will follow, in order (`Follow
           "works_at", then "based_in".`), while the question is a few tokens back; each later turn first quotes
           the fact it follows, exactly as the response shows it (`"based_in": "Lomira"`), then calls or answers.

@@ -1,14 +1,13 @@
-"""`lookup`: one-, two- and three-hop questions over a generated knowledge base served by the `lookup` tool.
+"""`lookup`: one- and two-hop questions over a generated knowledge base served by the `lookup` tool.
 
 The knowledge base (KB) is a JSONL file of rows {"entity": str, "facts": {relation: value}} (the format the
 builtin `lookup` tool reads): people {born_in, works_at}, companies {manager, based_in} and cities {country}.
 Every name is made up (syllable words), so no answer can be known without calling the tool. A one-hop question
 ("Who manages Kalo Works?") needs one call; a two-hop question ("Where was the manager of Kalo Works born?")
-needs a call on the question's entity, then a call on the value the first response returned; a three-hop one
-("Which country was the manager of Kalo Works born in?") one more.
+needs a call on the question's entity, then a call on the value the first response returned.
 
 What a small model must learn: copy the entity name from the question into `lookup`, find the asked relation in
-the response, copy its value either into the next call or into `<answer>...</answer>`.
+the response, copy its value either into a second call (two hops) or into `<answer>...</answer>`.
 
 Names are quoted in questions ('Who manages "Kalo Works"?') and the tool answers in JSON, so a name is the same
 tokens wherever it appears: after a quote, as in the call's JSON. Unquoted, "Kalo" after a space is another
@@ -18,12 +17,9 @@ budget learning that the two spell the same name.
 Splits differ in distribution, not only seed:
 - names: a whole name belongs to exactly one split (`common.name_in_split`), so held-out questions are about
   entities never seen in training, built from the same syllables (familiar tokens, unseen combinations);
-- hops: train is 60% one-hop / 30% two-hop / 10% three-hop, held-out 30% / 40% / 30%, so held-out chains are
-  longer than most demonstrations. The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) is
-  20% / 40% / 40% over train names: long chains are where RL has most to fix (which relation of each response to
-  follow, and carrying a name over three calls), as three-operation problems are in the calc suite. One
-  demonstration in ten shows three hops, for the reason calc shows three operations: RL only reinforces chains
-  the SFT model sometimes completes (docs/quickstart.md#session-21-three-hop-lookup-questions).
+- hops: train is 70% one-hop / 30% two-hop, held-out 30% / 70%. The train split's *hard mix* (`hard=True`, what
+  the quickstart gives GRPO) has the held-out hop mix over train names: two-hop questions are where RL has most
+  to fix (which relation of the first response to follow).
 Each split has its own KB file; tasks point to it through tools_kwargs {"lookup": {"kb_path": ...}}.
 """
 
@@ -54,14 +50,10 @@ QUESTIONS: list[tuple[str, tuple[str, ...], str]] = [
     ("person", ("works_at", "manager"), 'Who manages the company "{e}" works for?'),
     ("person", ("born_in", "country"), 'Which country was "{e}" born in?'),
     ("person", ("works_at", "based_in"), 'In which city is the company "{e}" works for based?'),
-    ("company", ("manager", "born_in", "country"), 'Which country was the manager of "{e}" born in?'),
-    ("person", ("works_at", "based_in", "country"), 'Which country is the company "{e}" works for based in?'),
-    ("person", ("works_at", "manager", "born_in"), 'Where was the manager of the company "{e}" works for born?'),
 ]
 
-# share of one-, two- and three-hop questions
-HOP_SHARES = {"train": (0.6, 0.3, 0.1), "heldout": (0.3, 0.4, 0.3)}
-HARD_HOP_SHARES = (0.2, 0.4, 0.4)  # the train split's hard mix
+TWO_HOP_SHARE = {"train": 0.3, "heldout": 0.7}
+HARD_TWO_HOP_SHARE = 0.7  # the train split's hard mix
 
 
 @dataclass
@@ -127,25 +119,25 @@ def make_tasks(split: str, n: int, seed: int = 0, *, kb_path: str,
     `hard`: the train split's hard mix (see the module docstring)."""
     if hard:
         check_hard(NAME, split)
-    shares = HARD_HOP_SHARES if hard else HOP_SHARES[split]
+    two_hop_share = HARD_TWO_HOP_SHARE if hard else TWO_HOP_SHARE[split]
     kb = make_kb(split, n, seed)
     rng = split_rng(NAME, split, seed)
-    by_hops = [[q for q in QUESTIONS if len(q[1]) == hops] for hops in (1, 2, 3)]
+    one_hop = [q for q in QUESTIONS if len(q[1]) == 1]
+    two_hop = [q for q in QUESTIONS if len(q[1]) == 2]
 
     asked: set[tuple[str, str]] = set()
 
     def one() -> dict:
         # Redraw the entity, not the question, so that every question is as likely as the docstring says. An
-        # entity is redrawn when its chain comes back to it ("Who manages the company X works for?" where X is that
-        # manager answers itself; "Where was the manager of the company X works for born?" asks where X was born)
-        # or it was asked already; redrawing the question instead made that one half as frequent as its sibling,
-        # and GRPO learnt to answer both with the city (docs/quickstart.md).
+        # entity is redrawn when it would answer itself ("Who manages the company X works for?" where X is that
+        # manager) or was asked already; redrawing the question instead made that one half as frequent as its
+        # sibling, and GRPO learnt to answer both with the city (docs/quickstart.md).
         for _ in range(1000):
-            kind, relations, template = rng.choice(rng.choices(by_hops, weights=shares)[0])
+            kind, relations, template = rng.choice(two_hop if rng.random() < two_hop_share else one_hop)
             for _ in range(10 * len(kb.kinds[kind])):
                 entity = rng.choice(kb.kinds[kind])
                 chain = kb.follow(entity, relations)
-                if entity not in chain and (template, entity) not in asked:
+                if chain[-1] != entity and (template, entity) not in asked:
                     asked.add((template, entity))
                     return task_row(NAME, split, system=SYSTEM, user=template.format(e=entity), tools=TOOLS,
                                     reward={"type": "exact_match", "ground_truth": chain[-1]},

@@ -106,34 +106,31 @@ def _kb(tmp_path: Path, split: str, n: int = N) -> tuple[list[dict], dict[str, d
     return _rows(paths[0]), kb
 
 
-def test_lookup_heldout_entities_are_unseen_and_chains_are_longer(tmp_path):
+def test_lookup_heldout_entities_are_unseen_and_mostly_two_hop(tmp_path):
     train, train_kb = _kb(tmp_path, "train")
     heldout, heldout_kb = _kb(tmp_path, "heldout")
     assert not set(train_kb) & set(heldout_kb)
     train_values = {v for facts in train_kb.values() for v in facts.values()}
     assert not train_values & set(heldout_kb), "no held-out entity is even mentioned in the train KB"
 
-    def share(tasks, hops):
-        return sum(len(t["extra"]["relations"]) == hops for t in tasks) / len(tasks)
+    def two_hop_share(tasks):
+        return sum(len(t["extra"]["relations"]) == 2 for t in tasks) / len(tasks)
 
-    assert share(train, 1) > 0.5 > 0.4 > share(heldout, 1)
-    assert 0.05 < share(train, 3) < 0.15 < 0.25 < share(heldout, 3)
+    assert two_hop_share(train) < 0.45 < 0.55 < two_hop_share(heldout)
 
 
-@pytest.mark.parametrize("hops, questions", [(2, 5), (3, 3)])
-def test_lookup_multi_hop_questions_are_equally_likely(tmp_path, hops, questions):
-    """A question whose chain comes back to its entity redraws the entity, not the question: once it redrew the
+def test_lookup_two_hop_questions_are_equally_likely(tmp_path):
+    """A question whose entity would answer itself redraws the entity, not the question: once it redrew the
     question, so "Who manages the company X works for?" (rejected for half the people, who manage where they work)
     came half as often as "In which city is the company X works for?", and GRPO learnt to answer every such
-    question with the city (docs/quickstart.md). No chain passes through its own entity."""
-    tasks, _ = _kb(tmp_path, "heldout", n=4000)
+    question with the city (docs/quickstart.md)."""
+    tasks, _ = _kb(tmp_path, "heldout", n=2000)
     counts = {}
     for task in tasks:
-        assert task["extra"]["entity"] not in task["extra"]["chain"]
-        if len(task["extra"]["relations"]) == hops:
+        if len(task["extra"]["relations"]) == 2:
             key = "/".join(task["extra"]["relations"])
             counts[key] = counts.get(key, 0) + 1
-    assert len(counts) == questions
+    assert len(counts) == 5
     assert max(counts.values()) < 1.25 * min(counts.values()), counts
 
 
@@ -309,7 +306,7 @@ def test_a_demo_that_disagrees_with_the_ground_truth_is_refused():
 
 def test_hard_mix_keeps_train_numbers_and_names_with_more_multi_step_problems(tmp_path):
     """The RL mix of the train split: more multi-operation (calc: up to three, each problem with a 5-digit
-    operand) and two- and three-hop problems, nothing of the held-out split."""
+    operand) and two-hop problems, nothing of the held-out split."""
     calc_plain, calc_hard = _tasks("calc", "train"), make_suite("calc", "train", 200, 0, hard=True)[0]
     first = [t["extra"]["operands"][0] for t in calc_hard]  # later ones may be divisors or cut to stay positive
     assert 100 <= min(first) and max(x for t in calc_hard for x in t["extra"]["operands"]) < 100_000
@@ -325,8 +322,7 @@ def test_hard_mix_keeps_train_numbers_and_names_with_more_multi_step_problems(tm
     lookup_hard, kb_rows = make_suite("lookup", "train", 200, 0, kb_path=kb, hard=True)
     heldout_names = {r["entity"] for r in make_suite("lookup", "heldout", 200, 0, kb_path=tmp_path / "h.kb")[1]}
     assert not {r["entity"] for r in kb_rows} & heldout_names
-    assert sum(len(t["extra"]["relations"]) >= 2 for t in lookup_hard) / len(lookup_hard) > 0.7
-    assert sum(len(t["extra"]["relations"]) == 3 for t in lookup_hard) / len(lookup_hard) > 0.3
+    assert sum(len(t["extra"]["relations"]) == 2 for t in lookup_hard) / len(lookup_hard) > 0.55
     assert {t["data_source"] for t in calc_hard + lookup_hard} == {"calc/train", "lookup/train"}
 
 
