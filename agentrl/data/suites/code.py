@@ -15,13 +15,17 @@ one). The unit tests (the example, an empty list and three random lists) are com
 written separately from the code lines, so a wrong line template would fail the suite's own tests.
 
 Splits differ in distribution, not only seed:
-- pipeline length: train has 0-2 steps before the reducer, held-out 1-3 (3-step pipelines never occur in train);
+- pipeline length: train has 0-3 steps before the reducer (0/1/2/3: 20/40/30/10%), held-out 1-3 (20/40/40%), so
+  three-step pipelines are four times as common in held-out;
 - function names: `verb_noun` names, each name reserved for exactly one split (`common.name_in_split`), so the
   model must copy a name it never saw rather than recall one.
 
 The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) keeps the train names but draws
-1/2/3-step pipelines 15/35/50%: the SFT demonstrations (plain train split) never show a 3-step pipeline, and GRPO
-is where the model learns to write one line per phrase beyond two. Held-out names stay unseen by both.
+1/2/3-step pipelines 15/35/50%: GRPO is where the model practises writing one line per phrase beyond two. One
+demonstration in ten shows three steps, as one calc demonstration in ten shows three operations: with none, the
+SFT model writes most three-step pipelines with two lines (18 of 93 held-out three-step tasks solved), a length
+prior GRPO did not break in 60 steps; with them it solves 38 of 93 and GRPO has successes to reinforce
+(docs/quickstart.md#the-code-suite). Held-out names stay unseen by both.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ SYSTEM = "Write the Python function. You may test it with the python tool. Give 
 VERBS = ["count", "sum", "pick", "scan", "mix", "fold", "sift", "tally", "crunch", "shape", "weigh", "grade"]
 NOUNS = ["values", "items", "nums", "data", "scores", "points", "marks", "ticks", "coins", "steps"]
 
-STEP_COUNTS = {"train": ((0, 1, 2), (0.2, 0.45, 0.35)), "heldout": ((1, 2, 3), (0.2, 0.4, 0.4))}
+STEP_COUNTS = {"train": ((0, 1, 2, 3), (0.2, 0.4, 0.3, 0.1)), "heldout": ((1, 2, 3), (0.2, 0.4, 0.4))}
 HARD_STEP_COUNTS = ((1, 2, 3), (0.15, 0.35, 0.5))  # the train split's hard mix (RL tasks)
 
 

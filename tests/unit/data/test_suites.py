@@ -199,7 +199,7 @@ def test_code_reference_solutions_pass_the_unit_tests_and_wrong_ones_fail(split)
         wrong = "\n".join(body[:-1] + ["    return None"])
         assert not _run_tests(wrong, reward["tests"])
     steps = [t["extra"]["num_steps"] for t in tasks]
-    assert (min(steps), max(steps)) == ((0, 2) if split == "train" else (1, 3))
+    assert (min(steps), max(steps)) == ((0, 3) if split == "train" else (1, 3))
 
 
 def test_code_function_names_are_disjoint_between_splits():
@@ -327,13 +327,14 @@ def test_hard_mix_keeps_train_numbers_and_names_with_more_multi_step_problems(tm
 
 
 def test_code_hard_mix_has_three_step_pipelines_with_train_names_only():
-    """The code RL mix: 3-step pipelines (which the SFT demonstrations never show) with train names; the held-out
-    split keeps its unseen names, so it still differs from everything trained on."""
+    """The code RL mix: mostly 3-step pipelines (one SFT demonstration in ten) with train names; the held-out split
+    keeps its unseen names, so it still differs from everything trained on."""
     plain, hard = _tasks("code", "train", n=200), make_suite("code", "train", 200, 0, hard=True)[0]
     heldout = _tasks("code", "heldout", n=200)
-    assert {t["extra"]["num_steps"] for t in plain} == {0, 1, 2}
+    assert {t["extra"]["num_steps"] for t in plain} == {0, 1, 2, 3}
     assert {t["extra"]["num_steps"] for t in hard} == {1, 2, 3}
-    assert sum(t["extra"]["num_steps"] == 3 for t in hard) / len(hard) > 0.4
+    share3 = [sum(t["extra"]["num_steps"] == 3 for t in rows) / len(rows) for rows in (plain, hard)]
+    assert 0.05 < share3[0] < 0.15 < 0.4 < share3[1]
     names = {split: {t["reward"]["entry_point"] for t in rows}
              for split, rows in (("plain", plain), ("hard", hard), ("heldout", heldout))}
     assert names["hard"] <= set(code_suite.function_names("train")) and not names["hard"] & names["heldout"]
