@@ -85,9 +85,8 @@ class QuickstartSettings:
 # Defaults of a run on the code suite alone (`--suites code`), applied over the ones above (which are the calc
 # and lookup recipe's, measured and documented) and under --smoke and --set. The demonstrations answer at once
 # (code_test_call=False; the python tool stays offered): with a python call first, each episode costs two sandbox
-# processes and three times the tokens, and GRPO alone outran the 20-minute budget. GRPO gains +7 to +8 points
-# of held-out pass@1 from the seed-0 SFT model, +0 and +1 from seeds 1 and 2, short of the +10 aimed at:
-# docs/quickstart.md#the-code-suite has the runs (rolled out 8 prompts a round, as grpo_gen_prompts_per_step=8
+# processes and three times the tokens, and GRPO alone outran the 20-minute budget. What GRPO gains on this
+# suite, per seed: docs/quickstart.md#the-code-suite (rolled out 8 prompts a round, as grpo_gen_prompts_per_step=8
 # keeps: every episode there also costs the sandbox).
 CODE_DEFAULTS = dict(heldout_per_suite=200, sft_demos_per_suite=2000, sft_steps=600, max_response_tokens=320,
                      max_new_tokens_per_turn=192, max_assistant_turns=3, max_concurrent_episodes=64, grpo_steps=60,

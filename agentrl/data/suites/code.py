@@ -23,10 +23,9 @@ Splits differ in distribution, not only seed:
 The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) keeps the train names but draws
 1/2/3-step pipelines 15/35/50%: GRPO is where the model practises writing one line per phrase beyond two. One
 demonstration in ten shows three steps, as one calc demonstration in ten shows three operations: with none, the
-SFT model writes most three-step pipelines with two lines (seed 0: 18 of 93 held-out three-step tasks solved), a
-length prior GRPO did not break in 60 steps; with them seed 0's solves 38 of 93 and GRPO gains +7 points, but
-seeds 1 and 2 still solve only 18 of 86 and 12 of 74, and GRPO gains nothing from them
-(docs/quickstart.md#the-code-suite). Held-out names stay unseen by both.
+SFT model writes most three-step pipelines with two lines, a length prior GRPO did not break; with them some SFT
+models (not every seed's) complete enough for GRPO to reinforce. The runs: docs/quickstart.md#the-code-suite.
+Held-out names stay unseen by both.
 """
 
 from __future__ import annotations
