@@ -36,6 +36,8 @@ class QuickstartSettings:
     # the success rate GRPO optimises, beside the greedy pass@1 of the headline (docs/quickstart.md#results)
     sampled_eval_n: int = 4
     sft_demos_per_suite: int = 4000  # about 1.2 epochs at the default SFT steps and batch: few repeats
+    # per-suite demonstration counts instead, e.g. {lookup: 1500}: a suite's share of the SFT batches
+    sft_demos: dict[str, int] = field(default_factory=dict)
     sft_steps: int = 600
     sft_batch_size: int = 16
     sft_lr: float = 2e-3
@@ -140,7 +142,8 @@ def make_data(s: QuickstartSettings, data_dir: Path, sandbox_url: str | None = N
     demo_rows, rl_files = [], []
     for suite in s.suites:
         kb = (data_dir / f"{suite}-sft.kb.jsonl").resolve()
-        tasks, kb_rows = make_suite(suite, "train", s.sft_demos_per_suite, s.seed, kb_path=kb)
+        n_demos = s.sft_demos.get(suite, s.sft_demos_per_suite)
+        tasks, kb_rows = make_suite(suite, "train", n_demos, s.seed, kb_path=kb)
         if kb_rows is not None:
             write_jsonl(kb, kb_rows)
         if suite == "code" and sandbox_url is None:
@@ -634,6 +637,12 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
     s = QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
     check_sandbox_setting(s)
+    for key in ("sft_demos", "grpo_tasks"):
+        counts = getattr(s, key)
+        if not isinstance(counts, dict) or any(k not in s.suites or not isinstance(v, int) or v < 1
+                                               for k, v in counts.items()):
+            raise QuickstartError(f"quickstart --set {key}={counts!r}: give a count of at least 1 for suites of "
+                                  f"this run ({', '.join(s.suites)}), e.g. {key}={{{s.suites[-1]}: 1000}}")
     if not s.grpo_temperature > 0:
         raise QuickstartError(f"quickstart --set grpo_temperature={s.grpo_temperature:g}: must be > 0 (at 0 every "
                               "episode of a group is the same, so no group carries a GRPO signal); e.g. 0.7")
