@@ -3,6 +3,7 @@ run directory, and the report says what produced it (seed, commit, phase times) 
 mean."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,23 @@ def test_grpo_tasks_sets_each_suites_share_of_the_rl_prompts(tmp_path):
     data = make_data(s, tmp_path)
     counts = {Path(p).name: len(Path(p).read_text().splitlines()) for p in data["rl"]}
     assert counts == {"calc-rl.jsonl": 12, "lookup-rl.jsonl": 5}
+
+
+def test_sft_demos_sets_each_suites_share_of_the_demonstrations(tmp_path):
+    from agentrl.quickstart import make_data
+
+    s = settings("--set", "sft_demos={lookup: 3}", "sft_demos_per_suite=5", "grpo_tasks_per_suite=2",
+                 "heldout_per_suite=2")
+    rows = [json.loads(line) for line in Path(make_data(s, tmp_path)["sft"]).read_text().splitlines()]
+    sources = [row["data_source"].split("/")[0] for row in rows]
+    assert (sources.count("calc"), sources.count("lookup")) == (5, 3)
+
+
+@pytest.mark.parametrize("value", ["{lookp: 3}", "{lookup: 0}", "{lookup: many}", "[lookup]"])
+@pytest.mark.parametrize("key", ["sft_demos", "grpo_tasks"])
+def test_per_suite_counts_name_this_runs_suites_before_any_work(key, value):
+    with pytest.raises(QuickstartError, match=f"quickstart --set {key}=.*suites of this run \\(calc, lookup\\)"):
+        settings("--set", f"{key}={value}")
 
 
 def test_suites_option_picks_the_code_defaults_under_smoke_and_set():
