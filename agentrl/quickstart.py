@@ -36,7 +36,8 @@ class QuickstartSettings:
     # the success rate GRPO optimises, beside the greedy pass@1 of the headline (docs/quickstart.md#results)
     sampled_eval_n: int = 4
     sft_demos_per_suite: int = 4000  # about 1.2 epochs at the default SFT steps and batch: few repeats
-    # per-suite demonstration counts instead, e.g. {lookup: 1500}: a suite's share of the SFT batches
+    # per-suite demonstration counts over sft_demos_per_suite for the suites named, e.g. {lookup: 1000}: a suite's
+    # share of the SFT batches (what fewer lookup ones do: docs/quickstart.md, session 22)
     sft_demos: dict[str, int] = field(default_factory=dict)
     sft_steps: int = 600
     sft_batch_size: int = 16
