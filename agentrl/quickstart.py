@@ -640,7 +640,7 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
     check_sandbox_setting(s)
     for key in ("sft_demos", "grpo_tasks"):
         counts = getattr(s, key)
-        if not isinstance(counts, dict) or any(k not in s.suites or not isinstance(v, int) or v < 1
+        if not isinstance(counts, dict) or any(k not in s.suites or type(v) is not int or v < 1
                                                for k, v in counts.items()):
             raise QuickstartError(f"quickstart --set {key}={counts!r}: give a count of at least 1 for suites of "
                                   f"this run ({', '.join(s.suites)}), e.g. {key}={{{s.suites[-1]}: 1000}}")

@@ -198,7 +198,7 @@ def test_sft_demos_sets_each_suites_share_of_the_demonstrations(tmp_path):
     assert (sources.count("calc"), sources.count("lookup")) == (5, 3)
 
 
-@pytest.mark.parametrize("value", ["{lookp: 3}", "{lookup: 0}", "{lookup: many}", "[lookup]"])
+@pytest.mark.parametrize("value", ["{lookp: 3}", "{lookup: 0}", "{lookup: many}", "{lookup: true}", "[lookup]"])
 @pytest.mark.parametrize("key", ["sft_demos", "grpo_tasks"])
 def test_per_suite_counts_name_this_runs_suites_before_any_work(key, value):
     with pytest.raises(QuickstartError, match=f"quickstart --set {key}=.*suites of this run \\(calc, lookup\\)"):
