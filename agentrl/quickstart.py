@@ -188,6 +188,16 @@ def check_sandbox_setting(s: QuickstartSettings) -> None:
                               "no local fallback: drop --no-sandbox")
 
 
+def check_per_suite_counts(s: QuickstartSettings) -> None:
+    """`sft_demos` and `grpo_tasks` name suites of this run, each with a count of at least 1."""
+    for key in ("sft_demos", "grpo_tasks"):
+        counts = getattr(s, key)
+        if not isinstance(counts, dict) or any(k not in s.suites or type(v) is not int or v < 1
+                                               for k, v in counts.items()):
+            raise QuickstartError(f"quickstart --set {key}={counts!r}: give a count of at least 1 for suites of "
+                                  f"this run ({', '.join(s.suites)}), e.g. {key}={{{s.suites[-1]}: 1000}}")
+
+
 def engine_config(s: QuickstartSettings):
     from agentrl.inference.config import EngineConfig
 
@@ -638,12 +648,7 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
     s = QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
     check_sandbox_setting(s)
-    for key in ("sft_demos", "grpo_tasks"):
-        counts = getattr(s, key)
-        if not isinstance(counts, dict) or any(k not in s.suites or type(v) is not int or v < 1
-                                               for k, v in counts.items()):
-            raise QuickstartError(f"quickstart --set {key}={counts!r}: give a count of at least 1 for suites of "
-                                  f"this run ({', '.join(s.suites)}), e.g. {key}={{{s.suites[-1]}: 1000}}")
+    check_per_suite_counts(s)
     if not s.grpo_temperature > 0:
         raise QuickstartError(f"quickstart --set grpo_temperature={s.grpo_temperature:g}: must be > 0 (at 0 every "
                               "episode of a group is the same, so no group carries a GRPO signal); e.g. 0.7")
