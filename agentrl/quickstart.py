@@ -35,14 +35,16 @@ class QuickstartSettings:
     # the held-out split is also evaluated sampled at the rollout temperature, this many samples per task (0: not):
     # the success rate GRPO optimises, beside the greedy pass@1 of the headline (docs/quickstart.md#results)
     sampled_eval_n: int = 4
-    sft_demos_per_suite: int = 4000  # about 1.2 epochs at the default SFT steps and batch: few repeats
-    # per-suite demonstration counts over sft_demos_per_suite for the suites named, e.g. {lookup: 1000}: a suite's
-    # share of the SFT batches (what fewer lookup ones do: docs/quickstart.md, session 22)
-    sft_demos: dict[str, int] = field(default_factory=dict)
-    sft_steps: int = 600
+    sft_demos_per_suite: int = 4000
+    # per-suite demonstration counts over sft_demos_per_suite for the suites named: a suite's share of the SFT
+    # batches. Lookup gets 1,000 (300 of them two-hop): the cold start then mostly stops after the first hop and
+    # GRPO teaches the second; with 4,000 it already knows it and GRPO has little left to gain
+    # (docs/quickstart.md#results)
+    sft_demos: dict[str, int] = field(default_factory=lambda: {"lookup": 1000})
+    sft_steps: int = 375  # ~1.2 epochs of the 5,000 demonstrations at the batch below: few repeats
     sft_batch_size: int = 16
     sft_lr: float = 2e-3
-    grpo_steps: int = 160
+    grpo_steps: int = 200
     grpo_prompts_per_step: int = 8
     # prompts rolled out per round of dynamic sampling (DAPO's generation batch). At T=0.7 one group in 3-4 carries
     # signal late in a run, so refill rounds follow; 32 prompts a round cost the same per episode and only generate
@@ -56,8 +58,9 @@ class QuickstartSettings:
     grpo_temperature: float = 0.7
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
     grpo_tasks_per_suite: int = 4000  # a run draws ~2,400 prompts over both suites: none is drawn twice
-    # per-suite RL task counts instead, e.g. {calc: 2000, lookup: 1000}: the step's prompts are drawn in that ratio
-    grpo_tasks: dict[str, int] = field(default_factory=dict)
+    # per-suite RL task counts over grpo_tasks_per_suite: the step's prompts are drawn in that ratio. calc : lookup
+    # 3 : 2, since lookup's lower success makes more of its groups carry signal (dynamic sampling keeps those)
+    grpo_tasks: dict[str, int] = field(default_factory=lambda: {"lookup": 2667})
     grpo_hard_tasks: bool = True  # GRPO prompts from the train split's hard mix (`agentrl data make --hard`)
     # DAPO dynamic sampling: a step trains on groups whose rewards differ, refilled from new prompts (up to this
     # many extra rollout rounds); 0 trains on whatever the first round gave, zero-variance groups included
@@ -99,7 +102,7 @@ SUITE_DEFAULTS = {("code",): CODE_DEFAULTS}
 SMOKE_RUN_DIR = "runs/quickstart-smoke"
 SMOKE = dict(smoke=True, size="tiny", heldout_per_suite=8, sft_demos_per_suite=16, sft_steps=4, sft_batch_size=8,
              grpo_steps=2, grpo_prompts_per_step=2, grpo_n=2, grpo_tasks_per_suite=8, max_response_tokens=96,
-             max_assistant_turns=3, sampled_eval_n=2,
+             max_assistant_turns=3, sampled_eval_n=2, sft_demos={}, grpo_tasks={},
              grpo_filter_rounds=0)  # no filtering: both steps update, whatever the rewards
 
 
@@ -188,9 +191,12 @@ def check_sandbox_setting(s: QuickstartSettings) -> None:
                               "no local fallback: drop --no-sandbox")
 
 
+PER_SUITE_COUNTS = ("sft_demos", "grpo_tasks")
+
+
 def check_per_suite_counts(s: QuickstartSettings) -> None:
     """`sft_demos` and `grpo_tasks` name suites of this run, each with a count of at least 1."""
-    for key in ("sft_demos", "grpo_tasks"):
+    for key in PER_SUITE_COUNTS:
         counts = getattr(s, key)
         if not isinstance(counts, dict) or any(k not in s.suites or type(v) is not int or v < 1
                                                for k, v in counts.items()):
@@ -644,6 +650,9 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
         values["suites"] = args.suites
     suites = parse_suites(values.get("suites", QuickstartSettings().suites))
     values = {**suite_defaults(suites), **(SMOKE if args.smoke else {}), **values, "suites": suites}
+    for key in PER_SUITE_COUNTS:  # the recipe's own per-suite counts, for the suites this run has
+        if key not in values:
+            values[key] = {k: v for k, v in getattr(QuickstartSettings(), key).items() if k in suites}
     run_dir = args.run_dir or (SMOKE_RUN_DIR if args.smoke else QuickstartSettings.run_dir)
     s = QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)

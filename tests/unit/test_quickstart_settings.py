@@ -198,6 +198,19 @@ def test_sft_demos_sets_each_suites_share_of_the_demonstrations(tmp_path):
     assert (sources.count("calc"), sources.count("lookup")) == (5, 3)
 
 
+def test_the_recipes_per_suite_counts_apply_to_the_suites_a_run_has():
+    default = settings()
+    assert default.sft_demos == {"lookup": 1000} and default.grpo_tasks == {"lookup": 2667}
+    calc = settings("--suites", "calc")  # no lookup in the run: nothing to rebalance, and no error either
+    assert calc.sft_demos == {} and calc.grpo_tasks == {}
+    assert settings("--suites", "code").sft_demos == {}
+    smoke = settings("--smoke")  # a few demonstrations and tasks per suite, lookup's too
+    assert smoke.sft_demos == {} and smoke.grpo_tasks == {}
+    # given, a dict replaces the recipe's whole: {} is 4,000 of each (sessions 12-20's recipe)
+    assert settings("--set", "sft_demos={}", "grpo_tasks={calc: 10}").sft_demos == {}
+    assert settings("--set", "grpo_tasks={calc: 10}").grpo_tasks == {"calc": 10}
+
+
 @pytest.mark.parametrize("value", ["{lookp: 3}", "{lookup: 0}", "{lookup: many}", "{lookup: true}", "[lookup]"])
 @pytest.mark.parametrize("key", ["sft_demos", "grpo_tasks"])
 def test_per_suite_counts_name_this_runs_suites_before_any_work(key, value):
