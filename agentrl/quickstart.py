@@ -57,7 +57,7 @@ class QuickstartSettings:
     # (docs/quickstart.md#the-current-defaults-rollouts-at-t07-session-12)
     grpo_temperature: float = 0.7
     grpo_mini_batches: int = 2  # optimizer steps per GRPO step (the step's prompts split into this many groups)
-    grpo_tasks_per_suite: int = 4000  # a run draws ~2,400 prompts over both suites: none is drawn twice
+    grpo_tasks_per_suite: int = 4000  # a run draws ~5,500 prompts over both suites (refills included): none twice
     # per-suite RL task counts over grpo_tasks_per_suite: the step's prompts are drawn in that ratio. calc : lookup
     # 3 : 2, since lookup's lower success makes more of its groups carry signal (dynamic sampling keeps those)
     grpo_tasks: dict[str, int] = field(default_factory=lambda: {"lookup": 2667})
