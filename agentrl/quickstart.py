@@ -648,11 +648,12 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
         if "suites" in values:
             raise QuickstartError("quickstart: give the suites once, with --suites or with --set suites=...")
         values["suites"] = args.suites
-    suites = parse_suites(values.get("suites", QuickstartSettings().suites))
+    recipe = QuickstartSettings()
+    suites = parse_suites(values.get("suites", recipe.suites))
     values = {**suite_defaults(suites), **(SMOKE if args.smoke else {}), **values, "suites": suites}
     for key in PER_SUITE_COUNTS:  # the recipe's own per-suite counts, for the suites this run has
         if key not in values:
-            values[key] = {k: v for k, v in getattr(QuickstartSettings(), key).items() if k in suites}
+            values[key] = {k: v for k, v in getattr(recipe, key).items() if k in suites}
     run_dir = args.run_dir or (SMOKE_RUN_DIR if args.smoke else QuickstartSettings.run_dir)
     s = QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
