@@ -69,6 +69,7 @@ from agentrl.trainer.metrics import (
     advantage_metrics,
     drift_metrics,
     episode_metrics,
+    per_source_metrics,
     timed,
     value_metrics,
 )
@@ -368,8 +369,9 @@ async def validate(val_rollout, tasks: list[Task], step: int) -> dict[str, float
     t0 = time.perf_counter()
     episodes = await val_rollout.generate(tasks, step=step)
     ok = [ep for ep in episodes if not ep.infra_error]
-    return {**episode_metrics(ok, prefix="val/"), "val/infra_failed": float(len(episodes) - len(ok)),
-            "val/episodes": float(len(episodes)), "timing/val_s": time.perf_counter() - t0}
+    return {**episode_metrics(ok, prefix="val/"), **per_source_metrics(ok, prefix="val/"),
+            "val/infra_failed": float(len(episodes) - len(ok)), "val/episodes": float(len(episodes)),
+            "timing/val_s": time.perf_counter() - t0}
 
 
 def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, *, critic=None,

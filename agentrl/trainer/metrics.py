@@ -75,6 +75,22 @@ def episode_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, floa
     return out
 
 
+def per_source_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
+    """Mean reward and success rate per `data_source` (`{prefix}{source}/reward/mean`, `.../success_rate`) when
+    the episodes come from more than one source: a mixed validation set's mean hides one suite getting worse
+    while another improves."""
+    by_source: dict[str, list[float]] = {}
+    for ep in episodes:
+        by_source.setdefault(ep.data_source, []).append(ep.reward)
+    if len(by_source) < 2:
+        return {}
+    out = {}
+    for source, rewards in sorted(by_source.items()):
+        out[f"{prefix}{source}/reward/mean"] = sum(rewards) / len(rewards)
+        out[f"{prefix}{source}/reward/success_rate"] = sum(r >= SUCCESS_REWARD - 1e-9 for r in rewards) / len(rewards)
+    return out
+
+
 @contextmanager
 def timed(key: str, out: dict[str, float]) -> Iterator[None]:
     """Add the wall-clock seconds of the `with` body to out[key]."""

@@ -12,6 +12,7 @@ from agentrl.trainer.metrics import (
     MetricsLogger,
     drift_metrics,
     episode_metrics,
+    per_source_metrics,
     read_metrics,
     rewind_jsonl,
 )
@@ -29,6 +30,17 @@ def test_episode_metrics_count_rewards_tools_and_errors_by_kind():
     assert m["episode/model_tokens_mean"] == 1.5 and m["episode/response_tokens_mean"] == 2.0
     assert m["tools/calls"] == 1 and m["tools/errors_bad_arguments"] == 1
     assert m["episode/finish_length"] == 0.5
+
+
+def test_per_source_metrics_split_a_mixed_set_by_data_source():
+    def ep(source: str, reward: float) -> Episode:
+        return Episode(uid="u", prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-1],
+                       messages=[], reward=reward, data_source=source)
+
+    m = per_source_metrics([ep("calc/train", 1.0), ep("calc/train", 0.5), ep("lookup/train", 0.0)], prefix="val/")
+    assert m == {"val/calc/train/reward/mean": 0.75, "val/calc/train/reward/success_rate": 0.5,
+                 "val/lookup/train/reward/mean": 0.0, "val/lookup/train/reward/success_rate": 0.0}
+    assert per_source_metrics([ep("calc/train", 1.0)]) == {}  # one source: the overall metrics say it all
 
 
 def test_drift_is_measured_on_loss_tokens_per_turn():
