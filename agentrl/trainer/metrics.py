@@ -40,6 +40,11 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+def success_rate(rewards: list[float]) -> float:
+    """Share of rewards at full reward (`SUCCESS_REWARD`, up to float rounding)."""
+    return sum(r >= SUCCESS_REWARD - 1e-9 for r in rewards) / len(rewards)
+
+
 def episode_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
     """Reward, length, turn and tool statistics of the episodes that are trained on (or validated)."""
     if not episodes:
@@ -51,7 +56,7 @@ def episode_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, floa
         f"{prefix}reward/std": std,
         f"{prefix}reward/max": max(rewards),
         f"{prefix}reward/min": min(rewards),
-        f"{prefix}reward/success_rate": sum(r >= SUCCESS_REWARD - 1e-9 for r in rewards) / len(rewards),
+        f"{prefix}reward/success_rate": success_rate(rewards),
         f"{prefix}episode/model_tokens_mean": _mean_std([float(sum(ep.response_mask)) for ep in episodes])[0],
         f"{prefix}episode/response_tokens_mean": _mean_std([float(len(ep.response_ids)) for ep in episodes])[0],
         f"{prefix}episode/response_tokens_max": float(max(len(ep.response_ids) for ep in episodes)),
@@ -87,7 +92,7 @@ def per_source_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, f
     out = {}
     for source, rewards in sorted(by_source.items()):
         out[f"{prefix}{source}/reward/mean"] = sum(rewards) / len(rewards)
-        out[f"{prefix}{source}/reward/success_rate"] = sum(r >= SUCCESS_REWARD - 1e-9 for r in rewards) / len(rewards)
+        out[f"{prefix}{source}/reward/success_rate"] = success_rate(rewards)
     return out
 
 
