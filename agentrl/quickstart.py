@@ -654,7 +654,7 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
     for key in PER_SUITE_COUNTS:  # the recipe's own per-suite counts, for the suites this run has
         if key not in values:
             values[key] = {k: v for k, v in getattr(recipe, key).items() if k in suites}
-    run_dir = args.run_dir or (SMOKE_RUN_DIR if args.smoke else QuickstartSettings.run_dir)
+    run_dir = args.run_dir or (SMOKE_RUN_DIR if args.smoke else recipe.run_dir)
     s = QuickstartSettings(run_dir=run_dir, tools_port=args.tools_port, sandbox_port=args.sandbox_port,
                            with_sandbox=not args.no_sandbox, **values)
     check_sandbox_setting(s)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from agentrl.evaluation.metrics import summarize
 from agentrl.trainer.console import StepConsole
 from agentrl.types import Episode
 
@@ -83,16 +84,13 @@ def episode_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, floa
 def per_source_metrics(episodes: list[Episode], prefix: str = "") -> dict[str, float]:
     """Mean reward and success rate per `data_source` (`{prefix}{source}/reward/mean`, `.../success_rate`) when
     the episodes come from more than one source: a mixed validation set's mean hides one suite getting worse
-    while another improves."""
-    by_source: dict[str, list[float]] = {}
-    for ep in episodes:
-        by_source.setdefault(ep.data_source, []).append(ep.reward)
-    if len(by_source) < 2:
-        return {}
+    while another improves. The statistics are `agentrl eval`'s (`summarize`'s `by_data_source`)."""
+    by_source = summarize(episodes, success_threshold=SUCCESS_REWARD - 1e-9).get("by_data_source", {})
     out = {}
-    for source, rewards in sorted(by_source.items()):
-        out[f"{prefix}{source}/reward/mean"] = sum(rewards) / len(rewards)
-        out[f"{prefix}{source}/reward/success_rate"] = success_rate(rewards)
+    for source, stats in by_source.items():
+        if "mean_reward" in stats:  # absent when every episode of the source failed for infra reasons
+            out[f"{prefix}{source}/reward/mean"] = stats["mean_reward"]
+            out[f"{prefix}{source}/reward/success_rate"] = stats["mean@n"]
     return out
 
 
