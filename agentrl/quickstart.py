@@ -38,10 +38,14 @@ class QuickstartSettings:
     sft_demos_per_suite: int = 4000
     # per-suite demonstration counts over sft_demos_per_suite for the suites named: a suite's share of the SFT
     # batches. Lookup gets 1,000 (300 of them two-hop): the cold start then mostly stops after the first hop and
-    # GRPO teaches the second; with 4,000 it already knows it and GRPO has little left to gain
-    # (docs/quickstart.md#results)
-    sft_demos: dict[str, int] = field(default_factory=lambda: {"lookup": 1000})
-    sft_steps: int = 375  # ~1.2 epochs of the 5,000 demonstrations at the batch below: few repeats
+    # GRPO teaches the second; with 4,000 it already knows it and GRPO has little left to gain. Calc gets 2,000:
+    # a shorter cold start leaves GRPO more to teach on calc too (docs/quickstart.md#results)
+    sft_demos: dict[str, int] = field(default_factory=lambda: {"calc": 2000, "lookup": 1000})
+    # shares of 1-, 2- and 3-operation problems among the calc demonstrations (None: the train split's 55/35/10%).
+    # A fifth are three-operation chains, as in the held-out split, so that every SFT seed's cold start completes
+    # some and GRPO has a chain to reinforce (docs/quickstart.md#results)
+    sft_calc_op_weights: list[float] | None = field(default_factory=lambda: [0.45, 0.35, 0.2])
+    sft_steps: int = 225  # ~1.2 epochs of the 3,000 demonstrations at the batch below: few repeats
     sft_batch_size: int = 16
     sft_lr: float = 2e-3
     grpo_steps: int = 200
@@ -147,7 +151,8 @@ def make_data(s: QuickstartSettings, data_dir: Path, sandbox_url: str | None = N
     for suite in s.suites:
         kb = (data_dir / f"{suite}-sft.kb.jsonl").resolve()
         n_demos = s.sft_demos.get(suite, s.sft_demos_per_suite)
-        tasks, kb_rows = make_suite(suite, "train", n_demos, s.seed, kb_path=kb)
+        tasks, kb_rows = make_suite(suite, "train", n_demos, s.seed, kb_path=kb,
+                                    calc_op_weights=s.sft_calc_op_weights)
         if kb_rows is not None:
             write_jsonl(kb, kb_rows)
         if suite == "code" and sandbox_url is None:
@@ -659,6 +664,13 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
                            with_sandbox=not args.no_sandbox, **values)
     check_sandbox_setting(s)
     check_per_suite_counts(s)
+    if s.sft_calc_op_weights is not None:
+        from agentrl.data.suites.calc import check_op_weights
+
+        try:
+            s.sft_calc_op_weights = list(check_op_weights(s.sft_calc_op_weights))
+        except ValueError as e:
+            raise QuickstartError(f"quickstart --set sft_calc_op_weights: {e}") from None
     if not s.grpo_temperature > 0:
         raise QuickstartError(f"quickstart --set grpo_temperature={s.grpo_temperature:g}: must be > 0 (at 0 every "
                               "episode of a group is the same, so no group carries a GRPO signal); e.g. 0.7")

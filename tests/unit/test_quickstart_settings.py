@@ -181,7 +181,7 @@ def test_rl_overrides_reach_the_trainer_config_and_bad_keys_fail_first(tmp_path)
 def test_grpo_tasks_sets_each_suites_share_of_the_rl_prompts(tmp_path):
     from agentrl.quickstart import make_data
 
-    s = settings("--set", "grpo_tasks={calc: 12}", "grpo_tasks_per_suite=5", "sft_demos_per_suite=2",
+    s = settings("--set", "grpo_tasks={calc: 12}", "grpo_tasks_per_suite=5", "sft_demos={}", "sft_demos_per_suite=2",
                  "heldout_per_suite=2")
     data = make_data(s, tmp_path)
     counts = {Path(p).name: len(Path(p).read_text().splitlines()) for p in data["rl"]}
@@ -200,15 +200,46 @@ def test_sft_demos_sets_each_suites_share_of_the_demonstrations(tmp_path):
 
 def test_the_recipes_per_suite_counts_apply_to_the_suites_a_run_has():
     default = settings()
-    assert default.sft_demos == {"lookup": 1000} and default.grpo_tasks == {"lookup": 2667}
+    assert default.sft_demos == {"calc": 2000, "lookup": 1000} and default.grpo_tasks == {"lookup": 2667}
     calc = settings("--suites", "calc")  # no lookup in the run: nothing to rebalance, and no error either
-    assert calc.sft_demos == {} and calc.grpo_tasks == {}
+    assert calc.sft_demos == {"calc": 2000} and calc.grpo_tasks == {}
     assert settings("--suites", "code").sft_demos == {}
     smoke = settings("--smoke")  # a few demonstrations and tasks per suite, lookup's too
     assert smoke.sft_demos == {} and smoke.grpo_tasks == {}
     # given, a dict replaces the recipe's whole: {} is 4,000 of each (the counts of sessions 16-22)
     assert settings("--set", "sft_demos={}", "grpo_tasks={calc: 10}").sft_demos == {}
     assert settings("--set", "grpo_tasks={calc: 10}").grpo_tasks == {"calc": 10}
+
+
+def test_sft_calc_op_weights_set_the_calc_demonstrations_chain_lengths_only(tmp_path):
+    from agentrl.data.suites import make_suite
+    from agentrl.quickstart import make_data
+
+    def num_ops(*extra: str) -> tuple[list[int], list[str]]:
+        s = settings("--set", "sft_demos={calc: 200, lookup: 2}", "grpo_tasks_per_suite=50", "heldout_per_suite=2",
+                     *extra)
+        data = make_data(s, tmp_path / str(len(list(tmp_path.iterdir()))))
+        demos = [json.loads(line) for line in Path(data["sft"]).read_text().splitlines()]
+        calls = [row["messages"][2]["tool_calls"][0]["function"]["arguments"]["expression"] for row in demos
+                 if row["data_source"] == "calc/train"]
+        return [call.count(" ") // 2 for call in calls], [Path(p).read_text() for p in data["rl"] if Path(p).name == "calc-rl.jsonl"]
+
+    recipe, recipe_rl = num_ops()
+    split, split_rl = num_ops("sft_calc_op_weights=null")  # the train split's own shares
+    assert recipe.count(3) > 1.4 * split.count(3) > 0 and len(recipe) == len(split) == 200
+    assert recipe_rl == split_rl and recipe_rl  # calc's RL tasks (the hard mix) do not change
+    only_one, _ = num_ops("sft_calc_op_weights=[1, 0, 0]")
+    assert set(only_one) == {1}
+    # the quickstart's default draws what make_suite draws with those weights (same tasks, same order)
+    default = settings()
+    tasks, _ = make_suite("calc", "train", 200, 0, calc_op_weights=tuple(default.sft_calc_op_weights))
+    assert [t["extra"]["num_ops"] for t in tasks] == recipe
+
+
+@pytest.mark.parametrize("value", ["[0.5, 0.5]", "[1, -1, 1]", "[0, 0, 0]", "many", "[a, b, c]", "[true, 1, 1]"])
+def test_sft_calc_op_weights_are_checked_before_any_work(value):
+    with pytest.raises(QuickstartError, match="sft_calc_op_weights: calc operation weights .*e.g. "):
+        settings("--set", f"sft_calc_op_weights={value}")
 
 
 @pytest.mark.parametrize("value", ["{lookp: 3}", "{lookup: 0}", "{lookup: many}", "{lookup: true}", "[lookup]"])

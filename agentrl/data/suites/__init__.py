@@ -35,13 +35,15 @@ def default_kb_path(out: str | Path) -> Path:
 
 
 def make_suite(suite: str, split: str, n: int, seed: int = 0, *, kb_path: str | Path | None = None,
-               hard: bool = False) -> tuple[list[dict], list[dict] | None]:
+               hard: bool = False, calc_op_weights: tuple[float, ...] | None = None,
+               ) -> tuple[list[dict], list[dict] | None]:
     """(task rows, KB rows or None). `kb_path` is required for "lookup": the tasks point their tool at it.
-    `hard`: the train split's hard mix (more multi-step problems, train names and number ranges)."""
+    `hard`: the train split's hard mix (more multi-step problems, train names and number ranges).
+    `calc_op_weights`: calc's 1/2/3-operation shares instead of the split's (ignored by the other suites)."""
     check_suite(suite)
     check_split(split)
     if suite == "calc":
-        return calc.make_tasks(split, n, seed, hard=hard), None
+        return calc.make_tasks(split, n, seed, hard=hard, op_weights=calc_op_weights), None
     if suite == "code":
         return code.make_tasks(split, n, seed, hard=hard), None
     if kb_path is None:

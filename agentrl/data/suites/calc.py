@@ -65,16 +65,17 @@ class CalcSplit:
     big_digits: int  # every problem has at least one operand with this many digits or more (0: no constraint)
 
 
+OP_COUNTS = (1, 2, 3)
 SPLIT_SPECS = {
-    "train": CalcSplit(min_digits=2, max_digits=5, op_counts=(1, 2, 3), op_weights=(0.55, 0.35, 0.10), big_digits=0),
-    "heldout": CalcSplit(min_digits=3, max_digits=5, op_counts=(1, 2, 3), op_weights=(0.4, 0.4, 0.2),
+    "train": CalcSplit(min_digits=2, max_digits=5, op_counts=OP_COUNTS, op_weights=(0.55, 0.35, 0.10), big_digits=0),
+    "heldout": CalcSplit(min_digits=3, max_digits=5, op_counts=OP_COUNTS, op_weights=(0.4, 0.4, 0.2),
                          big_digits=5),
 }
 
 
 # The train split's hard mix (what the quickstart gives GRPO): mostly two- and three-operation problems over the
 # upper part of the train range (3-5 digits), each with at least one 5-digit operand. Its names stay train names.
-HARD_OP_COUNTS = (1, 2, 3)
+HARD_OP_COUNTS = OP_COUNTS
 HARD_OP_WEIGHTS = (0.2, 0.5, 0.3)
 HARD_MIN_DIGITS = 3
 HARD_BIG_DIGITS = 5
@@ -127,9 +128,21 @@ def _problem(rng: random.Random, spec: CalcSplit, people: list[str]) -> Problem:
     return Problem(" ".join(parts), expr, value, operands)
 
 
-def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list[dict]:
-    """`n` distinct calc tasks of `split` ("train" | "heldout"), fully determined by (split, n, seed, hard).
-    `hard`: the train split's hard mix (see the module docstring)."""
+def check_op_weights(weights) -> tuple[float, ...]:
+    """Shares of 1-, 2- and 3-operation problems: three numbers >= 0, not all 0 (they need not sum to 1)."""
+    if (not isinstance(weights, (list, tuple)) or len(weights) != len(OP_COUNTS)
+            or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in weights)
+            or not sum(weights) > 0):
+        raise ValueError(f"calc operation weights {weights!r}: give the shares of 1-, 2- and 3-operation problems, "
+                         "three numbers >= 0 and not all 0, e.g. [0.45, 0.35, 0.2]")
+    return tuple(float(w) for w in weights)
+
+
+def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False,
+               op_weights: tuple[float, ...] | None = None) -> list[dict]:
+    """`n` distinct calc tasks of `split` ("train" | "heldout"), fully determined by the arguments.
+    `hard`: the train split's hard mix (see the module docstring). `op_weights`: the shares of 1-, 2- and
+    3-operation problems instead of the split's (or the hard mix's); everything else stays the split's."""
     rng = split_rng(NAME, split, seed)
     spec = SPLIT_SPECS[split]
     people = [p for p in PEOPLE if name_in_split(p, split)]
@@ -137,6 +150,8 @@ def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list
         check_hard(NAME, split)
         spec = replace(spec, op_counts=HARD_OP_COUNTS, op_weights=HARD_OP_WEIGHTS, min_digits=HARD_MIN_DIGITS,
                        big_digits=HARD_BIG_DIGITS)
+    if op_weights is not None:
+        spec = replace(spec, op_weights=check_op_weights(op_weights))
 
     def one() -> dict:
         while True:

@@ -317,6 +317,10 @@ def test_hard_mix_keeps_train_numbers_and_names_with_more_multi_step_problems(tm
     share3 = [sum(t["extra"]["num_ops"] == 3 for t in rows) / len(rows) for rows in (calc_plain, calc_hard)]
     assert share3[0] < 0.15 < 0.25 < share3[1]  # few three-operation demonstrations, many in the RL mix
     assert not {t["task_id"] for t in calc_hard} & {t["task_id"] for t in _tasks("calc", "heldout")}
+    # op_weights reweights the chain lengths alone (the hard mix's digits and 5-digit operand stay)
+    calc_long = make_suite("calc", "train", 200, 0, hard=True, calc_op_weights=(0, 0, 1))[0]
+    assert {t["extra"]["num_ops"] for t in calc_long} == {3}
+    assert all(max(t["extra"]["operands"]) >= 10_000 for t in calc_long)
 
     kb = tmp_path / "hard.kb.jsonl"
     lookup_hard, kb_rows = make_suite("lookup", "train", 200, 0, kb_path=kb, hard=True)
