@@ -222,7 +222,8 @@ def test_sft_calc_op_weights_set_the_calc_demonstrations_chain_lengths_only(tmp_
         demos = [json.loads(line) for line in Path(data["sft"]).read_text().splitlines()]
         calls = [row["messages"][2]["tool_calls"][0]["function"]["arguments"]["expression"] for row in demos
                  if row["data_source"] == "calc/train"]
-        return [call.count(" ") // 2 for call in calls], [Path(p).read_text() for p in data["rl"] if Path(p).name == "calc-rl.jsonl"]
+        calc_rl = [Path(p).read_text() for p in data["rl"] if Path(p).name == "calc-rl.jsonl"]
+        return [call.count(" ") // 2 for call in calls], calc_rl
 
     recipe, recipe_rl = num_ops()
     split, split_rl = num_ops("sft_calc_op_weights=null")  # the train split's own shares

@@ -21,9 +21,10 @@ purpose: a model of a million parameters does not extrapolate copying to longer 
 The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) keeps the train people and digit
 range but draws 1/2/3-operation problems 20/50/30% over 3-5 digit operands, each with at least one 5-digit
 operand: RL practises carrying every operand of a longer problem over, in order, including the long numbers
-whose repeated digits a tiny model miscopies, which is what held-out problems ask most. One demonstration in ten
-shows three operations: with none, the SFT model never completes a three-operation chain (it answers at once or
-calls the wrong tool), so RL, which only reinforces what it samples, has nothing to start from (0 of ~1,000
+whose repeated digits a tiny model miscopies, which is what held-out problems ask most. One train problem in ten
+shows three operations, and the quickstart draws its demonstrations with a fifth (`make_tasks(op_weights=)`,
+its `sft_calc_op_weights`): with none, the SFT model never completes a three-operation chain (it answers at once
+or calls the wrong tool), so RL, which only reinforces what it samples, has nothing to start from (0 of ~1,000
 three-operation rollouts per 40 GRPO steps succeeded); the mixes compared are in docs/quickstart.md.
 
 The reward is `numeric` with tolerance 0 (exact): the numeric reward's default 1e-6 is also a *relative*
