@@ -664,11 +664,11 @@ def settings_from_args(args: argparse.Namespace) -> QuickstartSettings:
                            with_sandbox=not args.no_sandbox, **values)
     check_sandbox_setting(s)
     check_per_suite_counts(s)
-    if s.sft_calc_op_weights is not None:
+    if s.sft_calc_op_weights is not None:  # make_tasks checks them too; here they fail before any work
         from agentrl.data.suites.calc import check_op_weights
 
         try:
-            s.sft_calc_op_weights = list(check_op_weights(s.sft_calc_op_weights))
+            check_op_weights(s.sft_calc_op_weights)
         except ValueError as e:
             raise QuickstartError(f"quickstart --set sft_calc_op_weights: {e}") from None
     if not s.grpo_temperature > 0:
