@@ -71,6 +71,8 @@ class QuickstartSettings:
     grpo_filter_rounds: int = 3
     # code demonstrations try the function with the python tool before answering (False: they answer at once)
     code_test_call: bool = True
+    # code demonstrations restate each phrase of the task as a comment above its line (`# keeps the odd numbers`)
+    code_comments: bool = False
     max_response_tokens: int = 256
     max_assistant_turns: int = 4
     max_new_tokens_per_turn: int = 128  # one model turn (capped by max_response_tokens)
@@ -159,7 +161,7 @@ def make_data(s: QuickstartSettings, data_dir: Path, sandbox_url: str | None = N
             raise QuickstartError("the code suite's demonstrations are verified in the sandbox: start it (drop "
                                   "--no-sandbox)")
         demo_rows += asyncio.run(make_demos(tasks, sandbox_url=sandbox_url if suite == "code" else None,
-                                            code_test_call=s.code_test_call))
+                                            code_test_call=s.code_test_call, code_comments=s.code_comments))
         rl = data_dir / f"{suite}-rl.jsonl"
         write_suite(suite, "train", s.grpo_tasks.get(suite, s.grpo_tasks_per_suite), rl, seed=s.seed + 1,
                     hard=s.grpo_hard_tasks and suite in HARD_MIX_SUITES)

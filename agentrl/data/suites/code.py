@@ -24,7 +24,10 @@ The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) keeps
 1/2/3-step pipelines 15/35/50%: GRPO is where the model practises writing one line per phrase beyond two. One
 demonstration in ten shows three steps, as one calc demonstration in ten shows three operations: with none, the
 SFT model writes most three-step pipelines with two lines, a length prior GRPO did not break; with them some SFT
-models (not every seed's) complete enough for GRPO to reinforce. The runs: docs/quickstart.md#the-code-suite.
+models (not every seed's) complete enough for GRPO to reinforce. Every step of a hard-mix task changes the answer
+on its unit tests (`every_step_matters`; a draw where dropping a step still passes them is redrawn at the same
+length): RL rewards no program that skips a line ("sorts the numbers" before "their sum"), which GRPO had learnt
+to do and carried over to pipelines where the line matters. The runs: docs/quickstart.md#the-code-suite.
 Held-out names stay unseen by both.
 """
 
@@ -113,14 +116,32 @@ class CodeTask:
         lines = [f"def {self.entry_point}(xs):"] + [f"    {s.line}" for s in self.steps] + [f"    {self.reducer.line}"]
         return "\n".join(lines)
 
+    @property
+    def commented_solution(self) -> str:
+        """`solution` with each line under a comment that restates its phrase ("# keeps the odd numbers")."""
+        lines = [f"def {self.entry_point}(xs):"]
+        for step in self.steps:
+            lines += [f"    # {step.phrase}", f"    {step.line}"]
+        lines += [f"    # returns {self.reducer.phrase}", f"    {self.reducer.line}"]
+        return "\n".join(lines)
+
+    def without_step(self, i: int) -> "CodeTask":
+        return CodeTask(self.entry_point, self.steps[:i] + self.steps[i + 1:], self.reducer)
+
+
+def every_step_matters(task: CodeTask, cases: list[list[int]]) -> bool:
+    """Whether the program without any one of its steps fails at least one of `cases` (unit-test inputs)."""
+    want = [task.reference(xs) for xs in cases]
+    return all([task.without_step(i).reference(xs) for xs in cases] != want for i in range(len(task.steps)))
+
 
 def function_names(split: str) -> list[str]:
     return [f"{v}_{n}" for v in VERBS for n in NOUNS if name_in_split(f"{v}_{n}", split)]
 
 
-def _task(rng: random.Random, split: str, names: list[str], hard: bool = False) -> CodeTask:
+def _task(rng: random.Random, split: str, names: list[str], hard: bool = False, k: int | None = None) -> CodeTask:
     counts, weights = HARD_STEP_COUNTS if hard else STEP_COUNTS[split]
-    k = rng.choices(counts, weights=weights)[0]
+    k = rng.choices(counts, weights=weights)[0] if k is None else k
     kinds = rng.sample(TRANSFORMS, k)  # distinct kinds: no "sorts ..., then sorts ..."
     return CodeTask(rng.choice(names), [_transform(kind, rng) for kind in kinds], rng.choice(REDUCERS))
 
@@ -148,13 +169,19 @@ def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list
     names = function_names(split)
 
     def one() -> dict:
-        task = _task(rng, split, names, hard)
-        example = [rng.randint(0, 20) for _ in range(rng.randint(4, 6))]
-        cases = [example, []] + [_random_list(rng, rng.randint(1, 8)) for _ in range(3)]
+        k = None
+        while True:
+            task = _task(rng, split, names, hard, k)
+            example = [rng.randint(0, 20) for _ in range(rng.randint(4, 6))]
+            cases = [example, []] + [_random_list(rng, rng.randint(1, 8)) for _ in range(3)]
+            if not hard or every_step_matters(task, cases):
+                break
+            k = len(task.steps)  # a redraw keeps the pipeline length: the mix's 1/2/3-step shares stay as declared
         tests = "\n".join(f"assert {task.entry_point}({xs!r}) == {task.reference(xs)!r}" for xs in cases)
         return task_row(NAME, split, system=SYSTEM, user=describe(task, example), tools=TOOLS,
                         reward={"type": "unit_tests", "tests": tests, "entry_point": task.entry_point},
-                        extra={"solution": task.solution, "example": example,
+                        extra={"solution": task.solution, "commented_solution": task.commented_solution,
+                               "example": example,
                                "expected": task.reference(example), "num_steps": len(task.steps)})
 
     return unique_rows(n, one, what=f"code/{split}")

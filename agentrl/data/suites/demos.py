@@ -24,6 +24,7 @@ and a `tool` message with the tool's real output, then a final assistant message
           our own generated solution, never model output. The quickstart always uses the sandbox.
           `code_test_call=False`: no python call, the answer straight away (graded the same way); the tool stays
           offered. A third of the tokens and one sandbox process per episode instead of two.
+          `code_comments=True`: the code restates each phrase of the task as a comment above its line.
 
 calculator and lookup outputs come from the real builtin tools, called through `ToolRegistry` exactly as the
 agent loop calls them (lookup reads the task's KB through tools_kwargs). Every transcript is checked before it
@@ -166,13 +167,15 @@ async def verify_unit_tests(task: dict, code: str, sandbox_url: str) -> None:
                         f"({report.kind}: {report.failed_test or ''} {report.error or ''}):\n{code}")
 
 
-async def solve_code(task: dict, tools, *, sandbox_url: str | None = None, test_call: bool = True) -> list[dict]:
+async def solve_code(task: dict, tools, *, sandbox_url: str | None = None, test_call: bool = True,
+                     comments: bool = False) -> list[dict]:
     """With a `python` tool in `tools` (a sandbox is configured) the call is real; otherwise it is simulated.
     With `sandbox_url` the final code is also graded by the task's unit tests in that sandbox. `test_call=False`:
-    answer without trying the code first."""
+    answer without trying the code first. `comments`: the code restates each phrase of the task as a comment
+    above its line (the task's `commented_solution`)."""
     extra = task["extra"]
     entry = task["reward"]["entry_point"]
-    solution = extra["solution"]
+    solution = extra["commented_solution"] if comments else extra["solution"]
     answer = _answer_message(f"```python\n{solution}\n```")
     if not test_call:
         if sandbox_url is not None:
@@ -208,14 +211,17 @@ def _as_row(task: dict | Task) -> dict:
     return dataclasses.asdict(task) if isinstance(task, Task) else task
 
 
-async def solve(task: dict | Task, tools, *, sandbox_url: str | None = None, code_test_call: bool = True) -> list[dict]:
+async def solve(task: dict | Task, tools, *, sandbox_url: str | None = None, code_test_call: bool = True,
+                code_comments: bool = False) -> list[dict]:
     """The verified transcript (OpenAI messages) solving one suite task (a row or a loaded `Task`), with tool
     outputs from `tools` (a ToolRegistry); `sandbox_url`: grade code tasks' final code by their unit tests there;
-    `code_test_call`: whether code transcripts try the code with the python tool before answering."""
+    `code_test_call`: whether code transcripts try the code with the python tool before answering;
+    `code_comments`: whether their code restates each phrase of the task as a comment above its line."""
     task = _as_row(task)
     suite = suite_of(task)
     if suite == "code":
-        return await solve_code(task, tools, sandbox_url=sandbox_url, test_call=code_test_call)
+        return await solve_code(task, tools, sandbox_url=sandbox_url, test_call=code_test_call,
+                                comments=code_comments)
     return await SOLVERS[suite](task, tools)
 
 
@@ -239,11 +245,11 @@ def tool_schemas(suite: str) -> list[dict]:
 
 
 async def make_demos(tasks: list[dict] | list[Task], tools=None, *, sandbox_url: str | None = None,
-                     concurrency: int = 4, code_test_call: bool = True) -> list[dict]:
+                     concurrency: int = 4, code_test_call: bool = True, code_comments: bool = False) -> list[dict]:
     """SFT rows for `tasks` (any mix of suites), in task order. `tools`: a started ToolRegistry with the suites'
     tools (default: `demo_tools(sandbox_url)`, closed on return). With `sandbox_url`, code tasks' python calls
     run in that sandbox and their final code must pass the task's unit tests there. `concurrency`: tasks solved
-    at once (the rows are the same whatever it is); `code_test_call`: see `solve`."""
+    at once (the rows are the same whatever it is); `code_test_call`, `code_comments`: see `solve`."""
     own = tools is None
     tools = demo_tools(sandbox_url) if own else tools
     slots = asyncio.Semaphore(max(1, concurrency))
@@ -251,7 +257,8 @@ async def make_demos(tasks: list[dict] | list[Task], tools=None, *, sandbox_url:
     async def row(task: dict) -> dict:
         suite = suite_of(task)
         async with slots:
-            messages = await solve(task, tools, sandbox_url=sandbox_url, code_test_call=code_test_call)
+            messages = await solve(task, tools, sandbox_url=sandbox_url, code_test_call=code_test_call,
+                                   code_comments=code_comments)
         return {"messages": messages, "tools": tool_schemas(suite), "task_id": task["task_id"],
                 "data_source": task["data_source"]}
 

@@ -265,6 +265,14 @@ def test_code_demos_test_the_solution_on_the_example_then_answer_it():
         assert [s["function"]["name"] for s in row["tools"]] == ["python"]
 
 
+def test_code_demos_with_comments_answer_the_commented_solution():
+    tasks = _tasks("code", "heldout", n=8)
+    rows = asyncio.run(make_demos(tasks, code_test_call=False, code_comments=True))
+    for task, row in zip(tasks, rows):
+        assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
+        assert row["messages"][-1]["content"] == f"```python\n{task['extra']['commented_solution']}\n```"
+
+
 @pytest.mark.parametrize("suite", SUITES)
 def test_cli_make_writes_rows_that_load_as_tasks(suite, tmp_path, capsys):
     from agentrl.data.tasks import load_tasks
@@ -344,6 +352,42 @@ def test_code_hard_mix_has_three_step_pipelines_with_train_names_only():
     assert names["hard"] <= set(code_suite.function_names("train")) and not names["hard"] & names["heldout"]
     assert {t["data_source"] for t in hard} == {"code/train"}
     assert all(_run_tests(t["extra"]["solution"], t["reward"]["tests"]) for t in hard)
+
+
+def _without_line(solution: str, i: int) -> str:
+    lines = solution.splitlines()
+    return "\n".join(lines[:1 + i] + lines[2 + i:])
+
+
+def test_code_hard_mix_rewards_no_program_that_skips_a_step():
+    """RL tasks: the program without any one of its lines fails the unit tests ("sorts the numbers" before "their
+    sum" is never drawn for RL), at the declared pipeline lengths; the plain train split keeps such tasks."""
+    hard = make_suite("code", "train", 400, 0, hard=True)[0]
+    for task in hard:
+        solution, tests = task["extra"]["solution"], task["reward"]["tests"]
+        for i in range(task["extra"]["num_steps"]):
+            assert not _run_tests(_without_line(solution, i), tests), (task["task_id"], i)
+    shares = [sum(t["extra"]["num_steps"] == k for t in hard) / len(hard) for k in (1, 2, 3)]
+    assert abs(shares[0] - 0.15) < 0.06 and abs(shares[1] - 0.35) < 0.08 and abs(shares[2] - 0.5) < 0.08
+    plain = _tasks("code", "train", n=200)
+    assert any(_run_tests(_without_line(t["extra"]["solution"], i), t["reward"]["tests"])
+               for t in plain for i in range(t["extra"]["num_steps"]))
+    step = code_suite.Step("sort", "sorts the numbers", "xs = sorted(xs)", sorted)
+    task = code_suite.CodeTask("f", [step], code_suite.REDUCERS[0])  # sorted, then the sum: the sort never matters
+    assert not code_suite.every_step_matters(task, [[3, 1, 2], []])
+
+
+def test_code_commented_solution_restates_each_phrase_above_its_line():
+    for task in _tasks("code", "heldout", n=50):
+        extra = task["extra"]
+        lines = extra["commented_solution"].splitlines()
+        assert [ln for ln in lines if not ln.lstrip().startswith("#")] == extra["solution"].splitlines()
+        comments = [ln.strip().removeprefix("# ") for ln in lines if ln.lstrip().startswith("#")]
+        assert len(comments) == extra["num_steps"] + 1 and comments[-1].startswith("returns ")
+        for phrase in comments[:-1]:
+            assert phrase in _user(task)
+        assert f"and returns {comments[-1].removeprefix('returns ')}. Example" in _user(task)
+        assert _run_tests(extra["commented_solution"], task["reward"]["tests"])
 
 
 @pytest.mark.parametrize("suite,split", [("calc", "heldout"), ("lookup", "heldout"), ("code", "heldout")])
