@@ -83,3 +83,16 @@ def test_code_demos_without_the_test_call_answer_at_once_and_are_still_graded(sa
     broken["extra"]["solution"] = broken["extra"]["solution"].rsplit("\n", 1)[0] + "\n    return None"
     with pytest.raises(DemoError, match="fails its unit tests in the sandbox"):
         asyncio.run(make_demos([broken], sandbox_url=sandbox_url, code_test_call=False))
+
+
+def test_commented_code_demos_are_graded_in_the_sandbox(sandbox_url):
+    tasks, _ = make_suite("code", "train", 4, seed=2)
+    rows = asyncio.run(make_demos(tasks, sandbox_url=sandbox_url, code_test_call=True, code_comments=True))
+    for task, row in zip(tasks, rows):
+        assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+        assert _final_code(row) == task["extra"]["commented_solution"]
+    broken = copy.deepcopy(tasks[0])
+    code = broken["extra"]["commented_solution"]
+    broken["extra"]["commented_solution"] = code.rsplit("\n", 1)[0] + "\n    return None"
+    with pytest.raises(DemoError, match="fails its unit tests in the sandbox"):
+        asyncio.run(make_demos([broken], sandbox_url=sandbox_url, code_test_call=False, code_comments=True))
