@@ -111,19 +111,24 @@ class CodeTask:
             xs = step.apply(xs)
         return self.reducer.apply(xs)
 
-    @property
-    def solution(self) -> str:
-        lines = [f"def {self.entry_point}(xs):"] + [f"    {s.line}" for s in self.steps] + [f"    {self.reducer.line}"]
+    def source(self, comments: bool = False) -> str:
+        """The reference function; `comments`: each line under a comment restating its phrase."""
+        lines = [f"def {self.entry_point}(xs):"]
+        body = [(step.phrase, step.line) for step in self.steps] + [(f"returns {self.reducer.phrase}",
+                                                                      self.reducer.line)]
+        for phrase, line in body:
+            if comments:
+                lines.append(f"    # {phrase}")
+            lines.append(f"    {line}")
         return "\n".join(lines)
 
     @property
+    def solution(self) -> str:
+        return self.source()
+
+    @property
     def commented_solution(self) -> str:
-        """`solution` with each line under a comment that restates its phrase ("# keeps the odd numbers")."""
-        lines = [f"def {self.entry_point}(xs):"]
-        for step in self.steps:
-            lines += [f"    # {step.phrase}", f"    {step.line}"]
-        lines += [f"    # returns {self.reducer.phrase}", f"    {self.reducer.line}"]
-        return "\n".join(lines)
+        return self.source(comments=True)
 
     def without_step(self, i: int) -> "CodeTask":
         return CodeTask(self.entry_point, self.steps[:i] + self.steps[i + 1:], self.reducer)
@@ -139,9 +144,8 @@ def function_names(split: str) -> list[str]:
     return [f"{v}_{n}" for v in VERBS for n in NOUNS if name_in_split(f"{v}_{n}", split)]
 
 
-def _task(rng: random.Random, split: str, names: list[str], hard: bool = False, k: int | None = None) -> CodeTask:
-    counts, weights = HARD_STEP_COUNTS if hard else STEP_COUNTS[split]
-    k = rng.choices(counts, weights=weights)[0] if k is None else k
+def _task(rng: random.Random, names: list[str], k: int) -> CodeTask:
+    """A task of `k` pipeline steps."""
     kinds = rng.sample(TRANSFORMS, k)  # distinct kinds: no "sorts ..., then sorts ..."
     return CodeTask(rng.choice(names), [_transform(kind, rng) for kind in kinds], rng.choice(REDUCERS))
 
@@ -168,15 +172,16 @@ def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list
     rng = split_rng(NAME, split, seed)
     names = function_names(split)
 
+    counts, weights = HARD_STEP_COUNTS if hard else STEP_COUNTS[split]
+
     def one() -> dict:
-        k = None
-        while True:
-            task = _task(rng, split, names, hard, k)
+        k = rng.choices(counts, weights=weights)[0]
+        while True:  # a redraw keeps the pipeline length: the mix's 1/2/3-step shares stay as declared
+            task = _task(rng, names, k)
             example = [rng.randint(0, 20) for _ in range(rng.randint(4, 6))]
             cases = [example, []] + [_random_list(rng, rng.randint(1, 8)) for _ in range(3)]
             if not hard or every_step_matters(task, cases):
                 break
-            k = len(task.steps)  # a redraw keeps the pipeline length: the mix's 1/2/3-step shares stay as declared
         tests = "\n".join(f"assert {task.entry_point}({xs!r}) == {task.reference(xs)!r}" for xs in cases)
         return task_row(NAME, split, system=SYSTEM, user=describe(task, example), tools=TOOLS,
                         reward={"type": "unit_tests", "tests": tests, "entry_point": task.entry_point},
