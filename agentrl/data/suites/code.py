@@ -122,14 +122,6 @@ class CodeTask:
             lines.append(f"    {line}")
         return "\n".join(lines)
 
-    @property
-    def solution(self) -> str:
-        return self.source()
-
-    @property
-    def commented_solution(self) -> str:
-        return self.source(comments=True)
-
     def without_step(self, i: int) -> "CodeTask":
         return CodeTask(self.entry_point, self.steps[:i] + self.steps[i + 1:], self.reducer)
 
@@ -185,7 +177,7 @@ def make_tasks(split: str, n: int, seed: int = 0, *, hard: bool = False) -> list
         tests = "\n".join(f"assert {task.entry_point}({xs!r}) == {task.reference(xs)!r}" for xs in cases)
         return task_row(NAME, split, system=SYSTEM, user=describe(task, example), tools=TOOLS,
                         reward={"type": "unit_tests", "tests": tests, "entry_point": task.entry_point},
-                        extra={"solution": task.solution, "commented_solution": task.commented_solution,
+                        extra={"solution": task.source(), "commented_solution": task.source(comments=True),
                                "example": example,
                                "expected": task.reference(example), "num_steps": len(task.steps)})
 

@@ -172,7 +172,7 @@ async def solve_code(task: dict, tools, *, sandbox_url: str | None = None, test_
     """With a `python` tool in `tools` (a sandbox is configured) the call is real; otherwise it is simulated.
     With `sandbox_url` the final code is also graded by the task's unit tests in that sandbox. `test_call=False`:
     answer without trying the code first. `comments`: the code restates each phrase of the task as a comment
-    above its line (the task's `commented_solution`)."""
+    above its line (the task row's `extra.commented_solution`)."""
     extra = task["extra"]
     entry = task["reward"]["entry_point"]
     solution = extra["commented_solution"] if comments else extra["solution"]
