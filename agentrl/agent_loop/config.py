@@ -100,6 +100,9 @@ class RewardConfig:
     sandbox_url: str | None = None  # for "unit_tests" rewards, e.g. http://127.0.0.1:8080
     unit_tests_timeout_s: float = 10.0  # run_timeout of one unit-test run in the sandbox
     score_unfinished: bool = False
+    # code rewards: copies of a program already run (same code, tests and limits) take its verdict instead of
+    # running again (`rewards.VerdictCache`); false runs every copy
+    reuse_verdicts: bool = True
     custom: dict[str, str] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 

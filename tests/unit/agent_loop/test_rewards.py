@@ -117,3 +117,68 @@ async def test_an_unfinished_code_answer_is_not_run():
     assert "did not finish" in cut.metrics["reward_info"]["error"]
     s = task(type="stdin_stdout", cases=[{"input": "1", "output": "2"}])
     assert await compute_reward(s, cut, RewardConfig(sandbox_url="http://127.0.0.1:9")) == 0.0
+
+
+async def test_identical_programs_take_one_verdict(monkeypatch):
+    """The samples of a group that write the same code are graded by one sandbox run, in flight or done; another
+    program, other tests or `reuse_verdicts: false` run again."""
+    import asyncio
+
+    from agentrl.agent_loop import code_tests, rewards
+
+    runs = []
+
+    async def fake_run(url, code, tests, *, timeout_s):
+        runs.append(code)
+        await asyncio.sleep(0.01)
+        return code_tests.TestReport(1, 1, "passed") if "+ 1" in code else code_tests.TestReport(0, 1, "assertion")
+
+    monkeypatch.setattr(code_tests, "run_unit_tests", fake_run)
+    monkeypatch.setattr(rewards, "VERDICTS", rewards.VerdictCache())
+    cfg = RewardConfig(sandbox_url="http://127.0.0.1:9")
+    t = task(type="unit_tests", tests="assert f(1) == 2", entry_point="f")
+    right, wrong = "```python\ndef f(x):\n    return x + 1\n```", "```python\ndef f(x):\n    return x\n```"
+    group = [episode(right) for _ in range(6)] + [episode(wrong) for _ in range(2)]
+    rewards_ = await asyncio.gather(*[compute_reward(t, e, cfg) for e in group])
+    assert rewards_ == [1.0] * 6 + [0.0] * 2
+    assert len(runs) == 2, "one run per distinct program"
+    assert sum(bool(e.metrics["reward_info"].get("reused")) for e in group) == 6
+    assert await compute_reward(t, episode(right), cfg) == 1.0 and len(runs) == 2  # kept after the step
+    other = task(type="unit_tests", tests="assert f(2) == 3", entry_point="f")
+    assert await compute_reward(other, episode(right), cfg) == 1.0 and len(runs) == 3
+    off = RewardConfig(sandbox_url="http://127.0.0.1:9", reuse_verdicts=False)
+    assert await compute_reward(t, episode(right), off) == 1.0 and len(runs) == 4
+
+
+async def test_a_verdict_cache_keeps_no_failed_or_load_dependent_run():
+    """A run that raised (sandbox fault) or whose verdict depends on load (timeout) is not reused: the copies
+    waiting on it run their own, and a later copy runs again."""
+    import asyncio
+
+    from agentrl.agent_loop.code_tests import TestReport
+    from agentrl.agent_loop.rewards import VerdictCache
+
+    cache, calls = VerdictCache(size=2), []
+
+    def runner(result):
+        async def run_once():
+            calls.append(result)
+            await asyncio.sleep(0.01)
+            if isinstance(result, Exception):
+                raise result
+            return result
+        return run_once
+
+    first = asyncio.ensure_future(cache.run("k", runner(RuntimeError("sandbox down"))))
+    await asyncio.sleep(0)
+    second = await cache.run("k", runner(TestReport(1, 1, "passed")))
+    with pytest.raises(RuntimeError):
+        await first
+    assert second == (TestReport(1, 1, "passed"), False) and len(calls) == 2
+    assert await cache.run("k", runner(None)) == (TestReport(1, 1, "passed"), True)
+
+    assert (await cache.run("slow", runner(TestReport(0, 1, "timeout"))))[1] is False
+    assert (await cache.run("slow", runner(TestReport(1, 1, "passed"))))[1] is False, "a timeout is not kept"
+    for key in ("a", "b"):  # size 2: the least recently used ("k") goes
+        await cache.run(key, runner(TestReport(0, 1, "assertion")))
+    assert (await cache.run("k", runner(TestReport(1, 1, "passed"))))[1] is False
