@@ -1,11 +1,15 @@
 """`code`: small function-writing tasks checked by unit tests in the sandbox; the `python` tool may test drafts.
 
-A task describes a function over a list of integers as a pipeline in words ("keeps the even numbers, then
-multiplies each number by 4, and returns their sum") plus one worked example. Each phrase maps to one line:
+A task describes a function over a list of integers as a numbered pipeline in words ("(1) keeps the even
+numbers, then (2) multiplies each number by 4, and returns their sum") plus one worked example. Each phrase maps
+to one line; with `comments` the reference restates each phrase, number included, above its line:
 
     def sum_values(xs):
-        xs = [x for x in xs if x % 2 == 0]
+        # (1) keeps the even numbers
+        xs = [x for x in xs if x%2==0]
+        # (2) multiplies each number by 4
         xs = [x * 4 for x in xs]
+        # returns their sum
         return sum(xs)
 
 What a small model must learn: copy the function name, emit one line per phrase with the phrase's constant
@@ -14,21 +18,26 @@ compare with the expected value; give the final code in a ```python block (the u
 one). The unit tests (the example, an empty list and three random lists) are computed with reference functions
 written separately from the code lines, so a wrong line template would fail the suite's own tests.
 
+The numbers and the comments are there for a model trained from scratch on a few thousand demonstrations. A
+comment puts each phrase's words a few tokens before the operator they decide (`<` or `>`, `0` or `1`, `+` or
+`*`): without them the cold start left one or two of those decisions unlearnt on each seed, and GRPO flipped them
+for every phrase at once. The number makes the next step a copy (the words after `(3)` in the prompt) instead of a
+search for the phrase after the last one written. The filter lines are written without spaces (`x>5`, the
+template of session 27's runs). docs/quickstart.md#the-code-suite has the runs.
+
 Splits differ in distribution, not only seed:
-- pipeline length: train has 0-3 steps before the reducer (0/1/2/3: 20/40/30/10%), held-out 1-3 (20/40/40%), so
-  three-step pipelines are four times as common in held-out;
+- pipeline length: train has 0-3 steps before the reducer (0/1/2/3: 20/40/38/2%), held-out 1-3 (20/40/40%), so
+  three-step pipelines are twenty times as common in held-out: the cold start writes most of them with two steps,
+  and GRPO, on the hard mix below, learns the third;
 - function names: `verb_noun` names, each name reserved for exactly one split (`common.name_in_split`), so the
   model must copy a name it never saw rather than recall one.
 
 The train split's *hard mix* (`hard=True`, what the quickstart gives GRPO) keeps the train names but draws
-1/2/3-step pipelines 15/35/50%: GRPO is where the model practises writing one line per phrase beyond two. One
-demonstration in ten shows three steps, as one calc demonstration in ten shows three operations: with none, the
-SFT model writes most three-step pipelines with two lines, a length prior GRPO did not break; with them some SFT
-models (not every seed's) complete enough for GRPO to reinforce. Every step of a hard-mix task changes the answer
-on its unit tests (`every_step_matters`; a draw where dropping a step still passes them is redrawn at the same
-length): RL rewards no program that skips a line ("sorts the numbers" before "their sum"), which GRPO had learnt
-to do and carried over to pipelines where the line matters. The runs: docs/quickstart.md#the-code-suite.
-Held-out names stay unseen by both.
+1/2/3-step pipelines 15/35/50%: GRPO is where the model practises writing one line per phrase beyond two. Every
+step of a hard-mix task changes the answer on its unit tests (`every_step_matters`; a draw where dropping a step
+still passes them is redrawn at the same length): RL rewards no program that skips a line ("sorts the numbers"
+before "their sum"), which GRPO had learnt to do and carried over to pipelines where the line matters. Held-out
+names stay unseen by both.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ SYSTEM = "Write the Python function. You may test it with the python tool. Give 
 VERBS = ["count", "sum", "pick", "scan", "mix", "fold", "sift", "tally", "crunch", "shape", "weigh", "grade"]
 NOUNS = ["values", "items", "nums", "data", "scores", "points", "marks", "ticks", "coins", "steps"]
 
-STEP_COUNTS = {"train": ((0, 1, 2, 3), (0.2, 0.4, 0.3, 0.1)), "heldout": ((1, 2, 3), (0.2, 0.4, 0.4))}
+STEP_COUNTS = {"train": ((0, 1, 2, 3), (0.2, 0.4, 0.38, 0.02)), "heldout": ((1, 2, 3), (0.2, 0.4, 0.4))}
 HARD_STEP_COUNTS = ((1, 2, 3), (0.15, 0.35, 0.5))  # the train split's hard mix (RL tasks)
 
 
@@ -61,16 +70,16 @@ class Step:
 def _transform(kind: str, rng: random.Random) -> Step:
     k = rng.randint(2, 9) if kind == "mul" else rng.randint(1, 20)
     if kind == "gt":
-        return Step(kind, f"keeps the numbers greater than {k}", f"xs = [x for x in xs if x > {k}]",
+        return Step(kind, f"keeps the numbers greater than {k}", f"xs = [x for x in xs if x>{k}]",
                     lambda xs: list(filter(lambda v: v > k, xs)))
     if kind == "lt":
-        return Step(kind, f"keeps the numbers less than {k}", f"xs = [x for x in xs if x < {k}]",
+        return Step(kind, f"keeps the numbers less than {k}", f"xs = [x for x in xs if x<{k}]",
                     lambda xs: list(filter(lambda v: v < k, xs)))
     if kind == "even":
-        return Step(kind, "keeps the even numbers", "xs = [x for x in xs if x % 2 == 0]",
+        return Step(kind, "keeps the even numbers", "xs = [x for x in xs if x%2==0]",
                     lambda xs: list(filter(lambda v: not v & 1, xs)))
     if kind == "odd":
-        return Step(kind, "keeps the odd numbers", "xs = [x for x in xs if x % 2 == 1]",
+        return Step(kind, "keeps the odd numbers", "xs = [x for x in xs if x%2==1]",
                     lambda xs: list(filter(lambda v: v & 1, xs)))
     if kind == "add":
         return Step(kind, f"adds {k} to each number", f"xs = [x + {k} for x in xs]",
@@ -112,10 +121,10 @@ class CodeTask:
         return self.reducer.apply(xs)
 
     def source(self, comments: bool = False) -> str:
-        """The reference function; `comments`: each line under a comment restating its phrase."""
+        """The reference function; `comments`: each line under a comment restating its numbered phrase."""
         lines = [f"def {self.entry_point}(xs):"]
-        body = [(step.phrase, step.line) for step in self.steps] + [(f"returns {self.reducer.phrase}",
-                                                                      self.reducer.line)]
+        body = [(f"({i}) {step.phrase}", step.line) for i, step in enumerate(self.steps, 1)]
+        body.append((f"returns {self.reducer.phrase}", self.reducer.line))
         for phrase, line in body:
             if comments:
                 lines.append(f"    # {phrase}")
@@ -148,7 +157,7 @@ def _random_list(rng: random.Random, length: int) -> list[int]:
 
 def describe(task: CodeTask, example: list[int]) -> str:
     if task.steps:
-        does = ", then ".join(s.phrase for s in task.steps)
+        does = ", then ".join(f"({i}) {s.phrase}" for i, s in enumerate(task.steps, 1))
         body = f"takes a list of integers, {does}, and returns {task.reducer.phrase}"
     else:
         body = f"takes a list of integers and returns {task.reducer.phrase}"

@@ -339,14 +339,14 @@ def test_hard_mix_keeps_train_numbers_and_names_with_more_multi_step_problems(tm
 
 
 def test_code_hard_mix_has_three_step_pipelines_with_train_names_only():
-    """The code RL mix: mostly 3-step pipelines (one SFT demonstration in ten) with train names; the held-out split
-    keeps its unseen names, so it still differs from everything trained on."""
-    plain, hard = _tasks("code", "train", n=200), make_suite("code", "train", 200, 0, hard=True)[0]
+    """The code RL mix: mostly 3-step pipelines (one SFT demonstration in fifty) with train names; the held-out
+    split keeps its unseen names, so it still differs from everything trained on."""
+    plain, hard = _tasks("code", "train", n=400), make_suite("code", "train", 200, 0, hard=True)[0]
     heldout = _tasks("code", "heldout", n=200)
     assert {t["extra"]["num_steps"] for t in plain} == {0, 1, 2, 3}
     assert {t["extra"]["num_steps"] for t in hard} == {1, 2, 3}
     share3 = [sum(t["extra"]["num_steps"] == 3 for t in rows) / len(rows) for rows in (plain, hard)]
-    assert 0.05 < share3[0] < 0.15 < 0.4 < share3[1]
+    assert 0.005 < share3[0] < 0.05 and 0.4 < share3[1]
     names = {split: {t["reward"]["entry_point"] for t in rows}
              for split, rows in (("plain", plain), ("hard", hard), ("heldout", heldout))}
     assert names["hard"] <= set(code_suite.function_names("train")) and not names["hard"] & names["heldout"]
@@ -384,8 +384,8 @@ def test_code_commented_solution_restates_each_phrase_above_its_line():
         assert [ln for ln in lines if not ln.lstrip().startswith("#")] == extra["solution"].splitlines()
         comments = [ln.strip().removeprefix("# ") for ln in lines if ln.lstrip().startswith("#")]
         assert len(comments) == extra["num_steps"] + 1 and comments[-1].startswith("returns ")
-        for phrase in comments[:-1]:
-            assert phrase in _user(task)
+        for number, phrase in enumerate(comments[:-1], 1):
+            assert phrase.startswith(f"({number}) ") and phrase in _user(task), "the prompt's numbered phrase"
         assert f"and returns {comments[-1].removeprefix('returns ')}. Example" in _user(task)
         assert _run_tests(extra["commented_solution"], task["reward"]["tests"])
 
