@@ -31,6 +31,7 @@ BENCH_MODULES: dict[str, str] = {
     "tools": "agentrl.tools.bench",
     "engine": "agentrl.inference.bench",
     "rollout": "agentrl.agent_loop.bench",
+    "rewards": "agentrl.agent_loop.reward_bench",
     "sandbox": "sandbox.bench",
     "train": "agentrl.trainer.bench",
     "step": "agentrl.trainer.step_bench",
