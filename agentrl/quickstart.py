@@ -97,8 +97,9 @@ class QuickstartSettings:
 # Defaults of a run on the code suite alone (`--suites code`), applied over the ones above (which are the calc
 # and lookup recipe's, measured and documented) and under --smoke and --set. A three-layer model (tiny3) and
 # demonstrations that restate each numbered phrase as a comment above its line (code_comments=True): the cold
-# start then reads every operator from the phrase beside it, and what it leaves is length (one demonstration in
-# fifty has three steps, against two in five held-out), which GRPO on the hard mix learns. The demonstrations
+# start then reads its operators from the phrase beside it (on seeds 0-2; seed 3's missed `+`/`-` at 600 steps),
+# and what it leaves is length (one demonstration in fifty has three steps, against two in five held-out), which
+# GRPO on the hard mix learns. The demonstrations
 # answer at once (code_test_call=False; the python tool stays offered): with a python call first, each episode
 # costs two sandbox processes and three times the tokens. Rolled out 8 prompts a round
 # (grpo_gen_prompts_per_step=8). What GRPO gains, per seed: docs/quickstart.md#the-code-suite.

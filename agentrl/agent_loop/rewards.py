@@ -165,8 +165,8 @@ class VerdictCache:
     """Sandbox verdicts by program: identical (code, tests, limits) run once, in flight or done.
 
     Bounded (least recently used out). Copies that arrive while the first run is in flight wait for it; if that run
-    raises, is cancelled or is not kept, one of them runs it again. Verdicts whose kind depends on the machine's load (`UNSTABLE`)
-    are not kept."""
+    raises, is cancelled or is not kept, one of them runs it again. Verdicts whose kind depends on the machine's
+    load (`UNSTABLE`) are not kept."""
 
     UNSTABLE = frozenset({"timeout", "no_proof"})
 
@@ -208,9 +208,6 @@ class VerdictCache:
                 self._done[key] = report
                 while len(self._done) > self.size:
                     self._done.popitem(last=False)
-
-    def clear(self) -> None:
-        self._done.clear()
 
 
 VERDICTS = VerdictCache()
