@@ -97,13 +97,13 @@ class QuickstartSettings:
 # Defaults of a run on the code suite alone (`--suites code`), applied over the ones above (which are the calc
 # and lookup recipe's, measured and documented) and under --smoke and --set. A three-layer model (tiny3) and
 # demonstrations that restate each numbered phrase as a comment above its line (code_comments=True): the cold
-# start then reads its operators from the phrase beside it (1,200 SFT steps: at 600, seed 3's missed `+`/`-`),
-# and what it leaves is length (one demonstration in fifty has three steps, against two in five held-out), which
-# GRPO on the hard mix learns. The demonstrations
-# answer at once (code_test_call=False; the python tool stays offered): with a python call first, each episode
-# costs two sandbox processes and three times the tokens. Rolled out 8 prompts a round
-# (grpo_gen_prompts_per_step=8). What GRPO gains, per seed: docs/quickstart.md#the-code-suite.
-CODE_DEFAULTS = dict(heldout_per_suite=200, sft_demos_per_suite=2000, sft_steps=1200, max_response_tokens=320,
+# start then reads its operators from the phrase beside it (seed 3's missed `+`/`-` at 600 SFT steps, not at
+# 1,200, where seed 1 gained less), and what it leaves is length (one demonstration in fifty has three steps,
+# against two in five held-out), which GRPO on the hard mix learns. The demonstrations answer at once
+# (code_test_call=False; the python tool stays offered): with a python call first, each episode costs two sandbox
+# processes and three times the tokens. Rolled out 8 prompts a round (grpo_gen_prompts_per_step=8). What GRPO
+# gains, per seed: docs/quickstart.md#the-code-suite.
+CODE_DEFAULTS = dict(heldout_per_suite=200, sft_demos_per_suite=2000, sft_steps=600, max_response_tokens=320,
                      max_new_tokens_per_turn=192, max_assistant_turns=3, max_concurrent_episodes=64, grpo_steps=60,
                      code_test_call=False, grpo_gen_prompts_per_step=8, grpo_temperature=1.0, size="tiny3",
                      code_comments=True)
