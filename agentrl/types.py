@@ -129,4 +129,6 @@ class Episode:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Episode":
-        return cls(**d)
+        """An Episode from `to_dict()`'s fields; other keys (an episodes.jsonl row's `step`, `sample_index`) are
+        left out."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})

@@ -146,7 +146,7 @@ async def replay_episode(row: dict, engine, tokenizer) -> ReplayResult:
     task, sampling, agent, tools = replay_inputs(row)
     loop = ToolAgentLoop(engine, tokenizer, tools, agent)
     replayed = await loop.run(task, sampling=sampling, uid=row.get("uid", ""), session_id=row.get("episode_id"))
-    recorded = Episode.from_dict({k: v for k, v in row.items() if k in {f.name for f in fields(Episode)}})
+    recorded = Episode.from_dict(row)
     return compare(recorded, replayed, tools.mismatches if tools is not None else [])
 
 

@@ -22,6 +22,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from agentrl.data.tasks import read_tasks
+from agentrl.types import Episode, Task
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", required=True, help="a quickstart or train run directory with grpo/episodes.jsonl "
@@ -31,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=None, help="grade on a running sandbox service instead of starting one")
 
 
-def load(run: Path, steps: int) -> tuple[list[list[dict]], dict[str, dict]]:
+def load(run: Path, steps: int) -> tuple[list[list[dict]], dict[str, Task]]:
     """The episodes of the first `steps` steps (one list per step) and the task rows they name, by task_id."""
     episodes_file = run / "grpo" / "episodes.jsonl"
     if not episodes_file.is_file():
@@ -44,13 +47,11 @@ def load(run: Path, steps: int) -> tuple[list[list[dict]], dict[str, dict]]:
             if episode["step"] <= steps:
                 by_step[episode["step"]].append(episode)
     wanted = {e["task_id"] for step in by_step.values() for e in step}
-    tasks: dict[str, dict] = {}
+    tasks: dict[str, Task] = {}
     for path in sorted((run / "data").rglob("*.jsonl")):
-        with open(path) as f:
-            for line in f:
-                row = json.loads(line)
-                if isinstance(row, dict) and row.get("task_id") in wanted and "reward" in row:
-                    tasks[row["task_id"]] = row
+        for _, task in read_tasks(path):  # rows that are not tasks (SFT transcripts) come back as errors
+            if isinstance(task, Task) and task.task_id in wanted:
+                tasks[task.task_id] = task
     missing = wanted - tasks.keys()
     if missing:
         raise LookupError(f"{len(missing)} task(s) of the rollouts are not in {run / 'data'} "
@@ -58,23 +59,19 @@ def load(run: Path, steps: int) -> tuple[list[list[dict]], dict[str, dict]]:
     return [by_step[s] for s in sorted(by_step)], tasks
 
 
-async def grade(rows: list[dict], tasks: dict[str, dict], url: str, reuse: bool, concurrency: int):
+async def grade(rows: list[dict], tasks: dict[str, Task], url: str, reuse: bool, concurrency: int):
     """(rewards, sandbox runs, seconds) of one step's episodes graded at once."""
     from agentrl.agent_loop import rewards
     from agentrl.agent_loop.config import RewardConfig
-    from agentrl.types import Episode, Task
 
     rewards.VERDICTS = rewards.VerdictCache()  # a fresh cache: only this step's copies are reused
     config = RewardConfig(sandbox_url=url, reuse_verdicts=reuse)
     limit = asyncio.Semaphore(concurrency)
 
     async def one(row: dict) -> tuple[float, bool]:
-        task_row = tasks[row["task_id"]]
-        task = Task(prompt=task_row["prompt"], reward=task_row["reward"], task_id=row["task_id"])
-        episode = Episode(uid=row["uid"], prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[],
-                          messages=row["messages"], finish_reason=row["finish_reason"], task_id=row["task_id"])
+        episode = Episode.from_dict(row)  # its recorded reward_info is replaced by this grading's
         async with limit:
-            reward = await rewards.compute_reward(task, episode, config)
+            reward = await rewards.compute_reward(tasks[episode.task_id], episode, config)
         info = episode.metrics.get("reward_info", {})
         ran = info.get("kind") != "no_code" and not info.get("reused")
         return reward, ran
@@ -85,7 +82,7 @@ async def grade(rows: list[dict], tasks: dict[str, dict], url: str, reuse: bool,
     return [r for r, _ in results], sum(ran for _, ran in results), seconds
 
 
-async def _bench(url: str, args: argparse.Namespace, steps: list[list[dict]], tasks: dict[str, dict]) -> int:
+async def _bench(url: str, args: argparse.Namespace, steps: list[list[dict]], tasks: dict[str, Task]) -> int:
     print(f"{args.run}: {len(steps)} GRPO steps, {sum(map(len, steps))} episodes, graded at {args.concurrency} "
           f"at once on {url}")
     print(f"{'step':>4} {'episodes':>8} {'runs (all)':>10} {'runs (once)':>11} {'all s':>7} {'once s':>7} {'ratio':>6}")

@@ -120,10 +120,14 @@ class CodeTask:
             xs = step.apply(xs)
         return self.reducer.apply(xs)
 
+    def numbered_phrases(self) -> list[str]:
+        """The steps as the prompt and the comments both write them: "(1) keeps the even numbers", ..."""
+        return [f"({i}) {step.phrase}" for i, step in enumerate(self.steps, 1)]
+
     def source(self, comments: bool = False) -> str:
         """The reference function; `comments`: each line under a comment restating its numbered phrase."""
         lines = [f"def {self.entry_point}(xs):"]
-        body = [(f"({i}) {step.phrase}", step.line) for i, step in enumerate(self.steps, 1)]
+        body = [(phrase, step.line) for phrase, step in zip(self.numbered_phrases(), self.steps)]
         body.append((f"returns {self.reducer.phrase}", self.reducer.line))
         for phrase, line in body:
             if comments:
@@ -157,7 +161,7 @@ def _random_list(rng: random.Random, length: int) -> list[int]:
 
 def describe(task: CodeTask, example: list[int]) -> str:
     if task.steps:
-        does = ", then ".join(f"({i}) {s.phrase}" for i, s in enumerate(task.steps, 1))
+        does = ", then ".join(task.numbered_phrases())
         body = f"takes a list of integers, {does}, and returns {task.reducer.phrase}"
     else:
         body = f"takes a list of integers and returns {task.reducer.phrase}"

@@ -26,7 +26,8 @@ def _run_dir(tmp_path, recorded_right: float) -> str:
     rows = []
     for step in (1, 2):  # a group of 4: three copies of the right program, one wrong one
         for i, (answer, reward) in enumerate([(RIGHT, recorded_right)] * 3 + [(WRONG, 0.0)]):
-            rows.append({"step": step, "uid": f"step{step}-t1", "task_id": "t1", "reward": reward,
+            rows.append({"step": step, "uid": f"step{step}-t1", "task_id": "t1", "reward": reward, "prompt_ids": [],
+                         "response_ids": [], "response_mask": [], "response_logprobs": [],
                          "finish_reason": "stop", "episode_id": f"step{step}-t1-{i}",
                          "messages": [{"role": "user", "content": "Write add_one(x)."},
                                       {"role": "assistant", "content": answer}]})
