@@ -29,6 +29,19 @@ COMPILED: dict[str, tuple[list[str], str]] = {
 COMPILED_RUN = ["./test"]
 OPTIONAL_CPP_LIBS = ("crypto", "ssl", "pthread")  # linked into C++ programs when installed, as SandboxFusion does
 
+# The in-sandbox programs (runner, session, zygote) are not passed as the -c text itself: CPython keeps the parse of
+# the -c text (its AST arena, ~4 MB for the zygote's program) until that text returns, and each program process
+# forked from the zygote would free it at its exit, a copy-on-write fault per block (~300 per request). The -c
+# text is this bootstrap, which compiles the program given as its first argument (the parse freed at once) and
+# runs it in the same globals; sys.argv is then what it would be with the program as the -c text.
+BOOTSTRAP = "import sys; exec(compile(sys.argv.pop(1), '<sandbox>', 'exec'))"
+
+
+def python_argv(python: str, src: str, *args: str) -> list[str]:
+    """`python -I -S -c <src> args...`, through BOOTSTRAP."""
+    return [python, "-I", "-S", "-c", BOOTSTRAP, src, *args]
+
+
 EXIT_REASONS = ("exit", "oom", "timeout", "output_limit", "pids_limit", "signal")
 
 

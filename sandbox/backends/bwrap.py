@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 from sandbox import seccomp
-from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_request, read_frame, runner_payload
+from sandbox.backends.base import (BackendError, ExecRequest, ExecResult, encode_request, python_argv, read_frame,
+                                   runner_payload)
 from sandbox.backends.session_proc import SessionProc
 from sandbox.backends import nsutil
 from sandbox.backends.zygote import Zygote, layout
@@ -354,7 +355,7 @@ class BwrapBackend:
         r_res, w_res = os.pipe()
         seccomp_fd = seccomp.filter_fd() if self.seccomp else None
         try:
-            inner = [self.python, "-I", "-S", "-c", src, str(w_res), *argv]
+            inner = python_argv(self.python, src, str(w_res), *argv)
             if self.isolate:
                 cmd = [*bwrap_args(self.cfg, self.bwrap, self.prefix, seccomp_fd), *inner]
             else:

@@ -22,7 +22,8 @@ import socket
 import struct
 import time
 
-from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_request, runner_payload
+from sandbox.backends.base import (BackendError, ExecRequest, ExecResult, encode_request, python_argv,
+                                   runner_payload)
 from sandbox.backends.bwrap import RUNNER_SRC, WORKDIR, sandbox_env
 from sandbox.config import SandboxConfig
 from sandbox.output import HeadTail
@@ -130,7 +131,7 @@ class DockerBackend:
         container.update(mem_limit=mem, memswap_limit=mem)
         api = self.client.api
         # The same interpreter flags as the bwrap backend (-I -S; the runner defines what `site` would).
-        exec_id = api.exec_create(container.id, ["python3", "-I", "-S", "-c", RUNNER_SRC, f"file:{RESULT_PATH}"],
+        exec_id = api.exec_create(container.id, python_argv("python3", RUNNER_SRC, f"file:{RESULT_PATH}"),
                                   stdin=True, stdout=True, stderr=True, workdir=WORKDIR, user="65534:65534")
         sock = api.exec_start(exec_id, socket=True)
         raw: socket.socket = getattr(sock, "_sock", sock)

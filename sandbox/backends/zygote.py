@@ -16,14 +16,14 @@ import socket
 import tempfile
 from pathlib import Path
 
-from sandbox.backends.base import BackendError, read_frame
+from sandbox.backends.base import BackendError, python_argv, read_frame
 from sandbox.config import SandboxConfig
 
 _HERE = Path(__file__).resolve().parent
 
 
 def zygote_source() -> str:
-    """prelude + runner + session (without their `__main__` calls) + zygote: one program for `python -I -S -c`."""
+    """prelude + runner + session (without their `__main__` calls) + zygote: one program, run by python_argv."""
     parts = []
     for name in ("runner_src.py", "session_src.py"):
         text = (_HERE / name).read_text()
@@ -81,7 +81,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                self.python, "-I", "-S", "-c", zygote_source(), str(theirs.fileno()),
+                *python_argv(self.python, zygote_source(), str(theirs.fileno())),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 pass_fds=(theirs.fileno(),), env=self.env, cwd="/", start_new_session=True)
         finally:
