@@ -176,3 +176,24 @@ def test_zygote_helper_builds_once_and_names_the_fix_without_a_compiler(tmp_path
     monkeypatch.setattr(nsutil.shutil, "which", lambda name: None)
     with pytest.raises(BackendError, match="make setup"):
         nsutil.build()
+
+
+def test_python_argv_runs_the_program_as_the_c_text_without_keeping_its_parse():
+    """The bootstrap runs the program as `-c <program>` would (sys.argv, __main__), but the parse of the program
+    (CPython keeps the -c text's AST arena until it returns) is freed before it runs: traced memory while it runs
+    is megabytes lower for a large program."""
+    import subprocess
+    import sys
+
+    from sandbox.backends.base import python_argv
+
+    src = "\n".join(f"def f{i}(a, b):\n    return [a + b * {i} for _ in range(3)]" for i in range(1200))
+    src += "\nimport sys, tracemalloc\nprint(sys.argv, __name__, tracemalloc.get_traced_memory()[0])\n"
+    runs = {}
+    for how, argv in (("direct", [sys.executable, "-I", "-S", "-c", src, "x", "y"]),
+                      ("bootstrap", python_argv(sys.executable, src, "x", "y"))):
+        argv[1:1] = ["-X", "tracemalloc"]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+        runs[how] = out
+    assert runs["bootstrap"][:4] == runs["direct"][:4] == ["['-c',", "'x',", "'y']", "__main__"]
+    assert int(runs["direct"][4]) - int(runs["bootstrap"][4]) > 1_000_000
