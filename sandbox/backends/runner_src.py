@@ -345,6 +345,7 @@ def _prepare():
     # Imported before `ready`, so not on the request's path. What the interpreter holds is freed again at each
     # program's shutdown (copy-on-write faults), so it stays small: no json, base64 or ctypes (`re` above all).
     import binascii  # noqa: F401
+    import errno  # noqa: F401
     import marshal  # noqa: F401
     import resource  # noqa: F401
     import time  # noqa: F401
