@@ -33,7 +33,8 @@ OPTIONAL_CPP_LIBS = ("crypto", "ssl", "pthread")  # linked into C++ programs whe
 # the -c text (its AST arena, ~4 MB for the zygote's program) until that text returns, and each program process
 # forked from the zygote would free it at its exit, a copy-on-write fault per block (~300 per request). The -c
 # text is this bootstrap, which compiles the program given as its first argument (the parse freed at once) and
-# runs it in the same globals; sys.argv is then what it would be with the program as the -c text.
+# runs it in the same globals; sys.argv is then what it would be with the program as the -c text. Its compile()
+# also builds CPython's AST types once in the zygote, which each program's first compile() built for itself.
 BOOTSTRAP = "import sys; exec(compile(sys.argv.pop(1), '<sandbox>', 'exec'))"
 
 
