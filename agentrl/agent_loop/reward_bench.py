@@ -114,7 +114,7 @@ async def _bench(url: str, args: argparse.Namespace, steps: list[list[dict]], ta
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentrl.services import ServiceStartError, free_port, run_service
+    from agentrl.services import ServiceStartError, agentrl_command, free_port, run_service
 
     try:  # before the sandbox starts: a wrong run directory is one line
         steps, tasks = load(Path(args.run), args.steps)
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     try:
-        with run_service([sys.executable, "-m", "sandbox", "serve", "--port", str(port)], f"{url}/health",
+        with run_service(agentrl_command("sandbox", "serve", "--port", str(port)), f"{url}/health",
                          name="the sandbox service"):
             return asyncio.run(_bench(url, args, steps, tasks))
     except ServiceStartError as e:

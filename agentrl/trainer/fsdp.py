@@ -366,7 +366,6 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, *, log_to
     the trainer ranks, which do the heavy compute, whenever anything else wants the CPU (a code-suite smoke run took
     292 s instead of 23 s beside two other jobs). `RAY_worker_niceness` set by the user wins."""
     import logging
-    import os
 
     import ray
 
