@@ -32,6 +32,7 @@ class ExitReason(str, Enum):
     output_limit = "output_limit"  # it wrote more than the kill limit; it was killed
     pids_limit = "pids_limit"      # it hit the process/thread limit (fork or thread bomb)
     signal = "signal"              # it died from a signal (segfault, abort, SIGKILL it sent itself)
+    runner_fault = "runner_fault"  # the sandbox's supervisor failed on what it left behind (counted as its failure)
 
 
 def check_relative_path(path: str, field: str) -> str:

@@ -176,12 +176,16 @@ def to_response(result: ExecResult) -> RunCodeResponse:
                                memory_peak_MB=result.memory_peak_mb)
     run = CommandRunResult(status=result.status, execution_time=result.execution_time,
                            return_code=result.return_code, stdout=result.stdout, stderr=result.stderr)
-    ok = result.status == "Finished" and result.return_code == 0
+    # Success needs a clean exit as well as code 0: a program that exits 0 after its fork bomb hit the pids limit
+    # (or whose supervisor faulted on what it left) has not run as asked.
+    ok = result.status == "Finished" and result.return_code == 0 and result.exit_reason == "exit"
     message = "" if ok else {"exit": f"exited with code {result.return_code}",
                              "timeout": "time limit exceeded", "oom": "killed: out of memory",
                              "output_limit": "killed: output limit exceeded",
                              "pids_limit": "process/thread limit reached",
-                             "signal": f"killed by signal {result.signal}"}[result.exit_reason]
+                             "signal": f"killed by signal {result.signal}",
+                             "runner_fault": "the sandbox's supervisor failed on what the program left behind"
+                             }[result.exit_reason]
     return RunCodeResponse(status="Success" if ok else "Failed", message=message, compile_result=compiled,
                            run_result=run, files=result.files, exit_reason=result.exit_reason,
                            truncated=result.truncated, signal=result.signal, memory_peak_MB=result.memory_peak_mb)

@@ -89,6 +89,15 @@ def _read_kv(path: Path | str) -> dict[str, int]:
     return out
 
 
+def _limit_tcp_v1(mem: Path, memory_bytes: int) -> None:
+    """cgroup v1 charges socket buffers to a cgroup only once memory.kmem.tcp.limit_in_bytes is set: without it a
+    sandbox can queue far more than its memory limit in loopback TCP buffers, in the host's global TCP memory.
+    (cgroup v2 always charges socket memory to memory.current, under memory.max.)"""
+    tcp = mem / "memory.kmem.tcp.limit_in_bytes"
+    if tcp.exists():
+        _write(tcp, str(memory_bytes))
+
+
 def _rmdir_retry(path: Path, deadline_s: float = 2.0) -> None:
     """rmdir right after the last process exits often fails with EBUSY for a few milliseconds: retry."""
     end = time.monotonic() + deadline_s
@@ -109,9 +118,12 @@ def _rmdir_retry(path: Path, deadline_s: float = 2.0) -> None:
 class Cgroup:
     """One sandbox's cgroup: one directory per v1 controller, or one unified v2 directory."""
 
-    def __init__(self, version: int, dirs: dict[str, Path]):
+    def __init__(self, version: int, dirs: dict[str, Path], host_uid: int | None = None):
         self.version = version
         self.dirs = dirs  # v1: controller -> dir; v2: {"unified": dir}
+        # The unprivileged host uid (and gid) of the sandbox that holds this cgroup: one per cgroup, so per-user
+        # kernel limits (inotify instances, ...) are per sandbox, and reused only once the cgroup is empty.
+        self.host_uid = host_uid
         self._limits: tuple | None = None  # what set_limits last wrote: rewriting the same values is skipped
         self._memory: int | None = None
         self.baseline: CgroupCounters | None = None  # counters when it was last emptied (the next use's base)
@@ -146,6 +158,7 @@ class Cgroup:
                     _write(mem / "memory.limit_in_bytes", str(memory_bytes))
             else:
                 _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+            _limit_tcp_v1(mem, memory_bytes)
             if (mem / "memory.swappiness").exists():
                 try:
                     _write(mem / "memory.swappiness", "0")
@@ -177,6 +190,7 @@ class Cgroup:
                 except OSError:
                     _write(memsw, str(memory_bytes))
                     _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+                _limit_tcp_v1(mem, memory_bytes)
                 self._memory = memory_bytes
                 if self._limits is not None:
                     self._limits = (memory_bytes, *self._limits[1:])
@@ -219,12 +233,33 @@ class Cgroup:
         if kill_file is not None and kill_file.exists():
             _write(kill_file, "1")
         else:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self.signal_procs(pids, signal.SIGKILL)
         return pids
+
+    def signal_procs(self, pids: set[int], sig: int) -> None:
+        """Send `sig` to those of `pids` that are in this cgroup, never to a process that took a listed pid after
+        its owner exited: each pid is pinned with a pidfd first, then kept only if cgroup.procs still lists it
+        (the pidfd then names that very process, or one that has exited, which the signal cannot reach)."""
+        pidfds = {}
+        for pid in pids:
+            try:
+                pidfds[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            except OSError as e:  # no pidfds (Linux < 5.3): nothing else is safe against pid reuse, so skip it
+                if e.errno not in (errno.ENOSYS, errno.EINVAL):
+                    raise
+        try:
+            still = self.procs() if pidfds else set()
+            for pid, fd in pidfds.items():
+                if pid in still:
+                    try:
+                        signal.pidfd_send_signal(fd, sig)
+                    except ProcessLookupError:
+                        pass
+        finally:
+            for fd in pidfds.values():
+                os.close(fd)
 
     def kill_all(self, deadline_s: float = 3.0) -> None:
         """SIGKILL every process in the cgroup until it stays empty; raises CgroupError if it does not."""
@@ -262,8 +297,9 @@ def _busy(cg: Cgroup) -> bool:
 class CgroupPool:
     """Pre-created cgroups under a per-service parent (inside this process's own cgroup), recycled."""
 
-    def __init__(self, version: int, size: int, name: str | None = None):
+    def __init__(self, version: int, size: int, name: str | None = None, uids: range | None = None):
         self.version = version
+        self.uids = uids  # host uids, one per cgroup (None: the sandboxes keep the service's uid)
         self.name = name or f"agentrl-sandbox-{os.getpid()}"
         self._free: deque[Cgroup] = deque()
         self._draining: list[Cgroup] = []  # released while the kernel still tears down their last processes
@@ -301,11 +337,17 @@ class CgroupPool:
                         continue
 
     def _create(self) -> Cgroup:
+        uid = None
+        if self.uids is not None:
+            if self._counter >= len(self.uids):
+                raise CgroupError(f"every sandbox host uid in {self.uids.start}..{self.uids.stop - 1} is taken: "
+                                  "raise host_uid_count")
+            uid = self.uids[self._counter]
         self._counter += 1
         dirs = {key: parent / f"s{self._counter}" for key, parent in self.parents.items()}
         for d in dirs.values():
             d.mkdir(exist_ok=True)
-        cg = Cgroup(self.version, dirs)
+        cg = Cgroup(self.version, dirs, uid)
         self._all.append(cg)
         return cg
 

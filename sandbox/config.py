@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 
+DEFAULT_HOST_UID_BASE = 2_000_000_000  # far above login users and the usual /etc/subuid ranges, below 2**31
+
+
 def default_concurrency() -> int:
     return max(2, os.cpu_count() or 2)
 
@@ -34,6 +37,10 @@ class SandboxConfig:
     cpu_quota: float = 1.0               # CPUs per sandbox (cpu cgroup)
     warm_pool: int = 0                   # pre-started sandboxes; 0 = 2 * max_concurrency + 4
     zygote: bool = True                  # sandboxes forked from one root interpreter (false: bwrap each)
+    # host uids for the sandboxes of a service run as root, one per live sandbox, never 0: 0 = root's range in
+    # /etc/subuid (and the same range in /etc/subgid), else DEFAULT_HOST_UID_BASE; see docs/sandbox.md
+    host_uid_base: int = 0
+    host_uid_count: int = 65536
     # sessions
     max_sessions: int = 32
     default_idle_ttl_s: float = 600.0
@@ -62,5 +69,32 @@ class SandboxConfig:
         if self.default_memory_mb > self.max_memory_mb:
             raise ValueError(f"SandboxConfig.default_memory_mb ({self.default_memory_mb}) exceeds max_memory_mb "
                              f"({self.max_memory_mb})")
+        if self.host_uid_base < 0 or self.host_uid_count <= 0 or self.host_uid_base + self.host_uid_count > 2**32 - 2:
+            raise ValueError(f"SandboxConfig.host_uid_base/host_uid_count: {self.host_uid_base} + "
+                             f"{self.host_uid_count} must be a range of uids in 1..4294967294")
         if self.cpu_quota <= 0:
             raise ValueError(f"SandboxConfig.cpu_quota must be > 0 CPUs, got {self.cpu_quota}")
+
+
+def _subordinate_range(path: str, user: str = "root") -> tuple[int, int] | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, rest = line.strip().partition(":")
+                start, _, count = rest.partition(":")
+                if name in (user, "0") and start.isdigit() and count.isdigit():
+                    return int(start), int(count)
+    except OSError:
+        pass
+    return None
+
+
+def host_uids(cfg: SandboxConfig) -> range:
+    """The host uids the sandboxes of a root service run as (each uid is also the sandbox's gid): the configured
+    range, or root's subordinate range when /etc/subuid and /etc/subgid give it the same one, or the default."""
+    if cfg.host_uid_base:
+        return range(cfg.host_uid_base, cfg.host_uid_base + cfg.host_uid_count)
+    sub_u, sub_g = _subordinate_range("/etc/subuid"), _subordinate_range("/etc/subgid")
+    if sub_u is not None and sub_u == sub_g and sub_u[0] > 0:
+        return range(sub_u[0], sub_u[0] + sub_u[1])
+    return range(DEFAULT_HOST_UID_BASE, DEFAULT_HOST_UID_BASE + cfg.host_uid_count)

@@ -38,28 +38,37 @@ class HeadTail:
         return bytes(self.head).decode("utf-8", errors="replace") + marker + tail.decode("utf-8", errors="replace")
 
 
-async def drain(reader: asyncio.StreamReader, sink: HeadTail, kill_at: int, on_limit, marker: bytes = b"") -> bool:
-    """Read `reader` into `sink` until EOF or `marker`; call `on_limit()` once past `kill_at` bytes.
+async def drain(reader: asyncio.StreamReader, sink: HeadTail, kill_at: int, on_limit, marker: bytes = b"",
+                ended: asyncio.Event | None = None) -> bool:
+    """Read `reader` into `sink` until EOF; call `on_limit()` once when more than `kill_at` bytes were read.
 
-    Returns True when the marker was seen (the writer's output is complete even if other holders of the pipe,
-    such as daemonised children, have not exited yet)."""
-    fired = False
+    `marker` ends the writer's output: what comes before it goes to `sink`, `ended` is set, and from then on what
+    other holders of the pipe (daemonised children, until they are killed) still write is read, counted toward
+    `kill_at` and discarded, never kept and never left to back up. Returns True when the marker was seen."""
+    total, fired, seen = 0, False, False
     pending = b""
     while True:
         chunk = await reader.read(1 << 16)
         if not chunk:
-            sink.feed(pending)
-            return False
-        data = pending + chunk
-        pending = b""
-        if marker:
-            idx = data.find(marker)
-            if idx >= 0:
-                sink.feed(data[:idx])
-                return True
-            keep = len(marker) - 1  # a marker may straddle two reads
-            data, pending = data[:-keep], data[-keep:]
-        sink.feed(data)
-        if not fired and sink.total > kill_at:
+            if not seen:
+                sink.feed(pending)
+            return seen
+        total += len(chunk)
+        if not seen:
+            data = pending + chunk
+            pending = b""
+            if marker:
+                idx = data.find(marker)
+                if idx >= 0:
+                    sink.feed(data[:idx])
+                    seen = True
+                    if ended is not None:
+                        ended.set()
+                    data = b""
+                else:
+                    keep = len(marker) - 1  # a marker may straddle two reads
+                    data, pending = data[:-keep], data[-keep:]
+            sink.feed(data)
+        if not fired and total > kill_at:
             fired = True
             on_limit()

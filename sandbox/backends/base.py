@@ -43,7 +43,9 @@ def python_argv(python: str, src: str, *args: str) -> list[str]:
     return [python, "-I", "-S", "-c", BOOTSTRAP, src, *args]
 
 
-EXIT_REASONS = ("exit", "oom", "timeout", "output_limit", "pids_limit", "signal")
+# runner_fault: the sandbox's supervisor failed on what the program left behind (a program failure, never the
+# service's): the exit status is the program's, its fetched files are missing
+EXIT_REASONS = ("exit", "oom", "timeout", "output_limit", "pids_limit", "signal", "runner_fault")
 
 
 class BackendError(RuntimeError):
@@ -177,11 +179,18 @@ def encode_request(obj: dict) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-async def read_frame(reader) -> dict | None:
-    """One length-prefixed JSON frame from an asyncio.StreamReader; None at EOF."""
+MAX_FRAME_BYTES = 64 << 20  # no frame of a runner comes near it: fetched files are capped by max_body_bytes
+
+
+async def read_frame(reader, max_bytes: int = MAX_FRAME_BYTES) -> dict | None:
+    """One length-prefixed JSON object from an asyncio.StreamReader; None at EOF, and for a frame that is not
+    one (longer than `max_bytes`, not JSON, not an object): the length header is never trusted to size a buffer,
+    so a writer in a sandbox cannot make the service hold more than `max_bytes` of it."""
     try:
-        head = await reader.readexactly(4)
-        return json.loads(await reader.readexactly(int.from_bytes(head, "big")))
-    except (EOFError, ConnectionError) as e:  # IncompleteReadError is an EOFError
-        del e
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        if size > max_bytes:
+            return None
+        frame = json.loads(await reader.readexactly(size))
+    except (EOFError, ConnectionError, ValueError):  # IncompleteReadError is an EOFError; bad JSON a ValueError
         return None
+    return frame if isinstance(frame, dict) else None

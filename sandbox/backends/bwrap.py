@@ -10,6 +10,9 @@ cgroups, or with `zygote=false`, each sandbox is a bwrap process.
 Layout inside: `/usr` (+ /bin, /lib, /lib64 links), the Python prefix and a few /etc files read-only; `/workspace`
 (cwd) and `/tmp` are size-limited tmpfs; `/proc` of its own pid namespace; no network, no /sys, no host files.
 The code runs as uid 65534 in a user namespace with every capability dropped and no further user namespaces.
+With the service as root, that namespace maps uid 65534 onto an unprivileged host uid of the sandbox's own (one
+per cgroup, see cgroups.py), never onto root: bwrap itself runs as that uid (setpriv), the zygote's sandboxes
+switch to it before they make their user namespace.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -30,11 +32,12 @@ from pathlib import Path
 from sandbox import seccomp
 from sandbox.backends.base import (BackendError, ExecRequest, ExecResult, encode_request, python_argv, read_frame,
                                    runner_payload)
+from sandbox.backends.hostview import DEV_NODES, HostView
 from sandbox.backends.session_proc import SessionProc
 from sandbox.backends import nsutil
 from sandbox.backends.zygote import Zygote, layout
 from sandbox.cgroups import Cgroup, CgroupError, CgroupPool, detect_version
-from sandbox.config import SandboxConfig
+from sandbox.config import SandboxConfig, host_uids
 from sandbox.output import HeadTail, drain
 
 _HERE = Path(__file__).resolve().parent
@@ -56,21 +59,31 @@ def python_runtime() -> tuple[str, str]:
     return exe, prefix
 
 
-def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | None = None) -> list[str]:
+def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | None = None,
+               view: HostView | None = None) -> list[str]:
+    """bwrap's command line; `view`: where bwrap, run as the sandbox's host uid, finds the interpreter's prefix and
+    read-only device nodes (see hostview.py)."""
     args = [bwrap, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
             "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+            # the runner's supervisor is pid 1, not dumpable, as in a zygote sandbox: bwrap's own reaper would be
+            # a dumpable process of the sandbox's uid whose memory the program could open through /proc/1/mem
+            "--as-pid-1",
             "--hostname", "sandbox"]
     for top, link in root_tops():
         args += ["--symlink", link, top] if link is not None else ["--ro-bind", top, top]
     if not prefix.startswith("/usr/"):
-        args += ["--ro-bind", prefix, prefix]
+        args += ["--ro-bind", f"{view.dir}/prefix" if view else prefix, prefix]
     for path in ETC_FILES:
         args += ["--ro-bind-try", path, path]
     size = str(cfg.tmpfs_mb * 1024 * 1024)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
-             "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR,
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
+             "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR]
+    if view is not None:  # --dev's nodes are writable binds of the host's inodes: read-only ones over them
+        for name in DEV_NODES:
+            if os.path.exists(f"/dev/{name}"):
+                args += ["--dev-bind", f"{view.dir}/dev/{name}", f"/dev/{name}"]
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
     for key, value in sandbox_env(prefix).items():
         args += ["--setenv", key, value]
     return args
@@ -95,18 +108,48 @@ def sandbox_env(prefix: str) -> dict[str, str]:
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "PWD": WORKDIR}
 
 
+async def _all_set(events, timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+def end_marker(ready: dict) -> bytes:
+    """The bytes a runner writes on stdout and stderr once its program has exited (the nonce is its own)."""
+    nonce = ready.get("nonce")
+    return f"\x00agentrl-run-end:{nonce}\x00".encode() if isinstance(nonce, str) and nonce else b""
+
+
 class FdReader:
     """Feeds an asyncio.StreamReader from a pipe fd we own, and closes that fd exactly once.
 
-    (loop.connect_read_pipe is avoided on purpose: under uvloop the fd can end up closed twice, and a second
-    close can hit an fd number already reused by another sandbox's pipe.)"""
+    Reading pauses while more than `high_water` bytes wait unread in the StreamReader and resumes when its reader
+    has taken them: whatever a sandbox writes, and however long nobody reads it, the service holds at most that
+    much of it (the writer blocks on the full pipe instead). (loop.connect_read_pipe is avoided on purpose: under
+    uvloop the fd can end up closed twice, and a second close can hit an fd number already reused by another
+    sandbox's pipe.)"""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, high_water: int = 1 << 20):
         self.fd = fd
-        self.reader = asyncio.StreamReader(limit=1 << 30)
+        # StreamReader pauses its transport (this object) past 2 * limit buffered bytes, resumes at <= limit
+        self.reader = asyncio.StreamReader(limit=max(1, high_water // 2))
+        self.reader.set_transport(self)
         self._loop = asyncio.get_running_loop()
+        self._reading = True
         os.set_blocking(fd, False)
         self._loop.add_reader(fd, self._on_readable)
+
+    def pause_reading(self) -> None:
+        if self._reading and self.fd >= 0:
+            self._loop.remove_reader(self.fd)
+        self._reading = False
+
+    def resume_reading(self) -> None:
+        if not self._reading and self.fd >= 0:
+            self._loop.add_reader(self.fd, self._on_readable)
+        self._reading = True
 
     def _on_readable(self) -> None:
         try:
@@ -123,7 +166,8 @@ class FdReader:
 
     def close(self) -> None:
         if self.fd >= 0:
-            self._loop.remove_reader(self.fd)
+            if self._reading:
+                self._loop.remove_reader(self.fd)
             os.close(self.fd)
             self.fd = -1
             if not self.reader.at_eof():
@@ -176,6 +220,10 @@ class Warm:
             self.stdout, self.stderr = proc.stdout, proc.stderr
         self.exit_code: int | None = None  # a zygote sandbox's runner exit status, once reported
         self.reported = False  # its runner sent the final result (and is exiting)
+        # The runner's end-of-output marker, from its `ready` frame: made by the supervisor after it forked the
+        # program's process, so no program can read it (the supervisor is not dumpable) and forge the end.
+        self.marker = b""
+        self.drains: list[asyncio.Task] = []  # readers of its stdout/stderr during a request
 
     @property
     def returncode(self) -> int | None:
@@ -225,9 +273,8 @@ class Warm:
     def signal_all(self) -> None:
         """One quick SIGKILL pass over the sandbox, inline (no thread hop): enough when nothing is forking."""
         if self.cgroup is not None:
-            for pid in self.cgroup.procs():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                self.cgroup.signal_procs(self.cgroup.procs(), signal.SIGKILL)
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -282,6 +329,7 @@ class BwrapBackend:
         self.zygote: Zygote | None = None  # programs' sandboxes
         self.session_zygote: Zygote | None = None  # sessions' (it also holds their modules: see zygote_src.py)
         self.zygote_error = ""
+        self.view: HostView | None = None  # read-only mounts for bwrap run as a host uid (hostview.py)
 
     @property
     def isolation(self) -> str:
@@ -309,9 +357,13 @@ class BwrapBackend:
             await asyncio.to_thread(self._check_bwrap)
         if self.cgroup_version is not None and os.geteuid() == 0:
             try:
-                self.cgroups = CgroupPool(self.cgroup_version, self.cfg.warm_pool + self.cfg.max_concurrency)
+                self.cgroups = CgroupPool(self.cgroup_version, self.cfg.warm_pool + self.cfg.max_concurrency,
+                                          uids=host_uids(self.cfg))
             except CgroupError:
                 self.cgroups = None
+        if self.isolate and self.cgroups is not None:  # bwrap sandboxes run as unprivileged host uids
+            self.view = HostView(self.prefix)
+            await asyncio.to_thread(self.view.start)
         if self.isolate and self.cgroups is None and not self.cfg.allow_unsafe:
             raise BackendError("bwrap works but cgroups are unavailable (need root and cgroup v1/v2 with memory "
                                "and pids controllers): fork and memory bombs would not be contained. "
@@ -354,10 +406,18 @@ class BwrapBackend:
         workdir = None
         r_res, w_res = os.pipe()
         seccomp_fd = seccomp.filter_fd() if self.seccomp else None
+        host_uid = cg.host_uid if cg is not None and self.isolate else None
+        passed = tuple(fd for fd in (w_res, seccomp_fd) if fd is not None)
         try:
             inner = python_argv(self.python, src, str(w_res), *argv)
             if self.isolate:
-                cmd = [*bwrap_args(self.cfg, self.bwrap, self.prefix, seccomp_fd), *inner]
+                view = self.view if host_uid is not None else None
+                cmd = [*bwrap_args(self.cfg, self.bwrap, self.prefix, seccomp_fd, view), *inner]
+                if view is not None:  # bwrap as the sandbox's unprivileged host uid (its namespace maps onto it),
+                    # inside the view's mount namespace (read-only prefix and device nodes: hostview.py)
+                    view.ensure()
+                    cmd = [*view.enter(), "setpriv", f"--reuid={host_uid}", f"--regid={host_uid}",
+                           "--clear-groups", "--", *cmd]
             else:
                 workdir = tempfile.mkdtemp(prefix="agentrl-unsafe-")
                 cmd = inner
@@ -369,7 +429,7 @@ class BwrapBackend:
                 cmd = ["/bin/sh", "-c", f'unset PWD OLDPWD; {joins} && exec "$@"', "sh", *cmd]
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, pass_fds=(w_res,) if seccomp_fd is None else (w_res, seccomp_fd),
+                stderr=asyncio.subprocess.PIPE, pass_fds=passed,
                 start_new_session=True, cwd=workdir or "/",
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": workdir or "/"}
                 if not self.isolate else {}, limit=1 << 20)
@@ -379,9 +439,8 @@ class BwrapBackend:
                 self.cgroups.release(cg)
             raise
         finally:
-            os.close(w_res)
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
+            for fd in passed:
+                os.close(fd)
         warm = Warm(FdReader(r_res), cg, proc=proc, workdir=workdir)
         try:
             ready = await asyncio.wait_for(read_frame(warm.results), 30)
@@ -393,6 +452,7 @@ class BwrapBackend:
                 err = await asyncio.wait_for(proc.stderr.read(2000), 1)
             await self._dispose(warm)
             raise BackendError(f"sandbox did not start (exit {proc.returncode}): {err.decode(errors='replace')}")
+        warm.marker = end_marker(ready)
         return warm
 
     def _zygote_exited(self) -> None:
@@ -423,7 +483,8 @@ class BwrapBackend:
         cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
         (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(4))
         try:
-            await zygote.spawn({**request, "cgroup_procs": cg.procs_files}, (in_r, out_w, err_w, res_w))
+            await zygote.spawn({**request, "cgroup_procs": cg.procs_files, "host_uid": cg.host_uid},
+                               (in_r, out_w, err_w, res_w))
         except BaseException:
             for fd in (in_w, out_r, err_r, res_r):
                 os.close(fd)
@@ -441,10 +502,13 @@ class BwrapBackend:
             await self._dispose(warm)
             why = (ready or {}).get("setup_failed") or (ready or {}).get("runner_exit") or "no ready frame in 30 s"
             raise BackendError(f"sandbox did not start: {why}")
+        warm.marker = end_marker(ready)
         return warm
 
     async def _dispose(self, warm: Warm) -> None:
         emptied = await warm.kill()
+        for task in warm.drains:
+            task.cancel()
         warm.close_pipes()
         if warm.cgroup is not None and self.cgroups is not None:
             self.cgroups.release(warm.cgroup, emptied=emptied)
@@ -521,10 +585,10 @@ class BwrapBackend:
                 asyncio.create_task(warm.kill())
 
         payload = runner_payload(req, cfg)
-        payload["nonce"] = secrets.token_hex(8)
-        marker = f"\x00agentrl-run-end:{payload['nonce']}\x00".encode()
-        drains = [asyncio.create_task(drain(warm.stdout, out, cfg.output_kill_bytes, over_limit, marker)),
-                  asyncio.create_task(drain(warm.stderr, err, cfg.output_kill_bytes, over_limit, marker))]
+        ends = (asyncio.Event(), asyncio.Event())
+        drains = [asyncio.create_task(drain(warm.stdout, out, cfg.output_kill_bytes, over_limit, warm.marker, ends[0])),
+                  asyncio.create_task(drain(warm.stderr, err, cfg.output_kill_bytes, over_limit, warm.marker, ends[1]))]
+        warm.drains = drains  # what they still read after the end markers is discarded until the sandbox is gone
         feeder = asyncio.create_task(warm.feed(encode_request(payload) + req.stdin))
         started = time.monotonic()
         result = compiled = None
@@ -549,14 +613,12 @@ class BwrapBackend:
             if warm.proc is not None:  # a zygote sandbox's init kills the program's leftovers when it exits
                 warm.signal_all()  # the program is done; its leftovers (daemons) die with the sandbox
             # The runner wrote the end marker after the program exited: normally the output is complete now.
-            done, pending = await asyncio.wait(drains, timeout=0.5)
+            marked = await _all_set(ends, timeout=0.5)
         else:
-            pending = set(drains)
-        if pending:  # something still holds the pipes (a fork bomb, a dead runner): kill until empty
+            marked = False
+        if not marked:  # something still holds the pipes (a fork bomb, a dead runner): kill until empty
             await warm.kill()
-            done, pending = await asyncio.wait(drains, timeout=2)
-        for task in pending:
-            task.cancel()
+            await asyncio.wait(drains, timeout=2)
         counters = cg.counters().delta(base) if cg is not None else None
         if result is not None and "setup_error" in result:
             return ExecResult(status="Error", return_code=None, exit_reason="exit", infra_error=result["setup_error"])
@@ -597,6 +659,8 @@ class BwrapBackend:
             sig = return_code - 128 if return_code > 128 else None
         if sig is not None:
             reasons.append("signal")
+        if result is not None and "runner_fault" in result:
+            reasons.append("runner_fault")
         status = "TimeLimitExceeded" if "timeout" in reasons else "Finished"
         ran = compiled is None or (compiled["status"] == "Finished" and compiled["return_code"] == 0)
         truncated = out.truncated or err.truncated or bool(compiled and compiled.get("truncated"))
@@ -654,3 +718,5 @@ class BwrapBackend:
                 await zygote.close()
         if self.cgroups is not None:
             await asyncio.to_thread(self.cgroups.close)
+        if self.view is not None:
+            await asyncio.to_thread(self.view.close)

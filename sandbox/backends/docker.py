@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import signal
 import socket
 import struct
@@ -126,7 +125,6 @@ class DockerBackend:
         import docker
 
         payload = runner_payload(req, self.cfg)
-        payload["nonce"] = secrets.token_hex(8)
         mem = f"{req.memory_mb}m"
         container.update(mem_limit=mem, memswap_limit=mem)
         api = self.client.api
@@ -172,9 +170,12 @@ class DockerBackend:
         finally:
             raw.close()
         result = compiled = None
+        marker = ""
         with contextlib.suppress(docker.errors.DockerException, ValueError, IndexError):
             text = container.exec_run(["cat", RESULT_PATH], user="65534:65534").output
             frames = _frames(text)
+            nonce = next((f.get("nonce") for f in frames if f.get("ready")), None)
+            marker = f"\x00agentrl-run-end:{nonce}\x00" if isinstance(nonce, str) and nonce else ""
             compiled = next((f["compile"] for f in frames if "compile" in f), None)
             if reason is None:
                 result = frames[-1] if frames and "exit" in frames[-1] else None
@@ -187,7 +188,6 @@ class DockerBackend:
         exit_reason = reason or ("signal" if sig else "exit")
         if sig == 9 and reason is None:
             exit_reason = "oom"  # nothing else SIGKILLs inside the container but the OOM killer or the code
-        marker = f"\x00agentrl-run-end:{payload['nonce']}\x00"  # the runner's end-of-output marker
         if compiled is None and "compile" in payload:
             compiled = {"status": "TimeLimitExceeded", "execution_time": None, "return_code": None, "stdout": "",
                         "stderr": ""}
@@ -197,8 +197,8 @@ class DockerBackend:
         return ExecResult(compile=compiled, ran=ran,
                           status="TimeLimitExceeded" if reason == "timeout" else "Finished",
                           return_code=None if reason == "timeout" else (code if code is not None else 137),
-                          exit_reason=exit_reason, stdout=out.text().replace(marker, ""),
-                          stderr=err.text().replace(marker, ""),
+                          exit_reason=exit_reason, stdout=_unmark(out.text(), marker),
+                          stderr=_unmark(err.text(), marker),
                           truncated=out.truncated or err.truncated,
                           signal=signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else None,
                           execution_time=round(elapsed, 4), files=(result or {}).get("files", {}),
@@ -240,3 +240,8 @@ def _frames(data: bytes) -> list[dict]:
         frames.append(json.loads(data[4:4 + size]))
         data = data[4 + size:]
     return frames
+
+
+def _unmark(text: str, marker: str) -> str:
+    """The output without the runner's end-of-output marker (its nonce arrives in the runner's `ready` frame)."""
+    return text.replace(marker, "") if marker else text

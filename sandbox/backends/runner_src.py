@@ -4,10 +4,12 @@ Started ahead of time as part of a warm sandbox, it forks the program's process 
 request's path) and reports `ready`. The program process waits for one request frame on stdin (4-byte big-endian
 length + marshal, written by the host; the bytes after it are the program's stdin), writes the request's files and the program's source
 (`main.py`, `main.cpp`, ... in the work dir, as SandboxFusion runs a script file), tells this supervisor what to
-collect afterwards (length-prefixed marshal frames on the `meta` pipe), and runs the code: Python as a script in
+collect afterwards (length-prefixed marshal frames on the `meta` pipe, closed before any of the request's code
+runs: the supervisor parses nothing the program could have written), and runs the code: Python as a script in
 the already started interpreter, as `python main.py` runs it, ending through CPython's own SystemExit handling
 and shutdown (which is why a warm sandbox answers faster than a fresh `python3`, with the same semantics), C and C++ by compiling then exec, other
-languages by exec. The supervisor waits for it, writes an end marker on stdout/stderr, reads `fetch_files`
+languages by exec. The supervisor waits for it, writes an end marker on stdout/stderr (its nonce is made by the
+supervisor after the fork and reaches the host in the `ready` frame, so the program never holds it), reads `fetch_files`
 without following symlinks, and writes the result frames (JSON) to RESULT_FD (`compile` after a compile step, then the
 final one). The host enforces time and memory from outside; the program only gets the second layer of rlimits.
 """
@@ -66,7 +68,7 @@ def _fetch_files(paths, limit):
     files, errors, total = {}, {}, 0
     for path in paths:
         try:
-            fd = _open_beneath(path, os.O_RDONLY)
+            fd = _open_beneath(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO the program left must not block
         except OSError as e:
             errors[path] = "symlink" if e.errno == errno.ELOOP else (
                 "missing" if e.errno == errno.ENOENT else f"{type(e).__name__}: {e.strerror or e}")
@@ -95,7 +97,7 @@ def _fetch_files(paths, limit):
     return files, errors
 
 
-def _run_python(path, argv, meta_w):
+def _run_python(path, argv, sigint_w):
     """Run the script at `path` as `python path` does (CPython's _PyRun_SimpleFileObject, step by step) in this
     already started, forked interpreter, then end as CPython ends: SystemExit propagates to the top of this
     process, where CPython itself reports it and shuts the interpreter down (threads joined, atexit handlers,
@@ -142,8 +144,12 @@ def _run_python(path, argv, meta_w):
         status = 1
         if sys.last_type is KeyboardInterrupt:
             # CPython then ends by SIGINT after its shutdown; no Python runs after that, so the supervisor is
-            # told to report this exit (code 130) as death by SIGINT, as the shell would see it.
-            _mframe(meta_w, {"sigint": True})
+            # told to report this exit (code 130) as death by SIGINT, as the shell would see it. The pipe carries
+            # one flag, never parsed: a program that writes to it can only make its own exit 130 read as SIGINT.
+            try:
+                os.write(sigint_w, b"!")
+            except OSError:
+                pass
             status = 130
         _forget_file(d)
         raise SystemExit(status) from None
@@ -273,8 +279,9 @@ def _set_rlimits(limits, cpu=True):
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def _child(req, path, meta_w):
-    """The program: compile first when the language needs it, then exec it, or run Python in place."""
+def _child(req, path, meta_w, sigint_w):
+    """The program: compile first when the language needs it, then exec it, or run Python in place. The meta pipe
+    is closed before the request's code runs (exec closes it: it is close-on-exec; Python closes it by hand)."""
     import time
 
     limits = req["rlimits"]
@@ -290,50 +297,35 @@ def _child(req, path, meta_w):
         os.execv(req["run"][0], [*req["run"], *req.get("argv", [])])
     _set_rlimits(limits)
     if req["language"] == "python":
-        _run_python(path, req.get("argv", []), meta_w)
+        os.close(meta_w)
+        _run_python(path, req.get("argv", []), sigint_w)
     interpreter = req["interpreter"]
     os.execv(interpreter[0], [*interpreter, path, *req.get("argv", [])])
 
 
 def _read_meta(fd):
-    """One frame the program process sent on the meta pipe; None if it ended (or died) first."""
+    """One frame the program process sent on the meta pipe (before any of the request's code ran: the pipe is
+    closed before it runs); None if it ended (or died) first, or sent anything else."""
     import marshal
 
     try:
-        frame = marshal.loads(_read_exact(fd, int.from_bytes(_read_exact(fd, 4), "big")))
-    except (EOFError, OSError, ValueError, TypeError):
+        size = int.from_bytes(_read_exact(fd, 4), "big")
+        if size > 1 << 24:
+            return None
+        frame = marshal.loads(_read_exact(fd, size))
+    except Exception:  # noqa: BLE001 - whatever arrives, the supervisor goes on
         return None
     return frame if isinstance(frame, dict) else None
 
 
-def _trailing_meta(fd):
-    """Frames left on the meta pipe after the program exited, read without blocking (a daemonised child of
-    the program may still hold the pipe open)."""
-    import marshal
-
-    os.set_blocking(fd, False)
-    data = b""
-    while True:
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except (BlockingIOError, OSError):
-            break
-        if not chunk:
-            break
-        data += chunk
-    frames = []
-    while len(data) >= 4:
-        size = int.from_bytes(data[:4], "big")
-        if len(data) < 4 + size:
-            break
-        try:
-            frame = marshal.loads(data[4:4 + size])
-        except (ValueError, TypeError, EOFError):
-            break
-        if isinstance(frame, dict):
-            frames.append(frame)
-        data = data[4 + size:]
-    return frames
+def _flag_set(fd):
+    """Whether anything was written to the flag pipe, read without blocking (a daemonised child of the program
+    may still hold it open); what was written is never looked at."""
+    try:
+        os.set_blocking(fd, False)
+        return bool(os.read(fd, 1))
+    except OSError:
+        return False
 
 
 def _prepare():
@@ -372,23 +364,58 @@ def _supervise(result_fd, child_setup=None):
 
     gc.freeze()  # the runner's objects move to a permanent generation: the child's GC never touches their pages
     # The program's process is forked now, before any request, and waits for it on stdin: no fork on the
-    # request's path. It tells this supervisor what to do afterwards (fetch_files, ...) through `meta`.
+    # request's path. It tells this supervisor what to do afterwards (fetch_files, ...) through `meta`, before the
+    # request's code runs; `sigint` is a one-byte flag it may raise at its end (see _run_python).
     meta_r, meta_w = os.pipe()
+    sigint_r, sigint_w = os.pipe()
     # Copies of the output pipes, kept to write the end marker once the program has exited: the host then
     # knows the output is complete without waiting for every other holder of the pipes to die.
     out_copy, err_copy = os.dup(1), os.dup(2)
     pid = os.fork()
     if pid == 0:
-        for fd in (out_copy, err_copy, meta_r, result_fd):
+        for fd in (out_copy, err_copy, meta_r, sigint_r, result_fd):
             os.close(fd)
         if child_setup is not None:
             child_setup()
-        _program(meta_w)
+        _program(meta_w, sigint_w)
     os.close(meta_w)
+    os.close(sigint_w)
+    if child_setup is None:
+        _undumpable()
+    # Made after the fork, so the program's memory never held it; the supervisor is not dumpable, so the program
+    # cannot read it from here either: the program cannot write the end of its own output.
+    nonce = os.urandom(16).hex()
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    _frame(result_fd, {"ready": True})
+    _frame(result_fd, {"ready": True, "nonce": nonce})
+    known = {}
+    try:
+        _report(result_fd, pid, meta_r, sigint_r, out_copy, err_copy, nonce, known)
+    except Exception as e:  # noqa: BLE001 - what is left to fail here works on what the program left (its
+        # files, its exit): a fault is reported as the program's failure (exit_reason runner_fault), never as
+        # the service's, so no program can turn its wrong answer into an infrastructure error
+        _frame(result_fd, {"exit": known.get("exit", {"code": 1}), "ran": True, "elapsed": known.get("elapsed", 0.0),
+                           "cpu": 0.0, "maxrss_kb": 0, "files": {}, "file_errors": {},
+                           "runner_fault": "%s: %s" % (type(e).__name__, e)})
+    os._exit(0)
+
+
+def _undumpable():
+    """PR_SET_DUMPABLE 0 for this supervisor (a zygote sandbox's supervisor, its pid 1, already is): the
+    program's process, same uid, can then neither read its memory nor open its fds through /proc. ctypes,
+    loaded only here, after the program's process was forked from this one."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _report(result_fd, pid, meta_r, sigint_r, out_copy, err_copy, nonce, known):
+    """Wait for the program's process, mark the end of its output, report what it did (`known`: its exit and
+    run time once they are, for the report of a fault after them)."""
+    import time
+
     meta = _read_meta(meta_r) or {}
     start = meta.get("start")
     ran = "start" in meta and "setup_error" not in meta
@@ -400,8 +427,8 @@ def _supervise(result_fd, child_setup=None):
             start = step["start"]
     _, status, usage = os.wait4(pid, 0)
     end = time.monotonic()
-    sigint = any(frame.get("sigint") for frame in _trailing_meta(meta_r))
-    marker = ("\x00agentrl-run-end:%s\x00" % meta.get("nonce", "")).encode()
+    sigint = _flag_set(sigint_r)
+    marker = ("\x00agentrl-run-end:%s\x00" % nonce).encode()
     for fd in (out_copy, err_copy):
         try:
             os.write(fd, marker)
@@ -413,19 +440,19 @@ def _supervise(result_fd, child_setup=None):
         os._exit(0)
     if "start" not in meta:
         os._exit(3)  # no valid request arrived
-    files, errors = _fetch_files(meta.get("fetch_files") or [], meta.get("fetch_limit", 0))
     if os.WIFEXITED(status):
         code = os.WEXITSTATUS(status)
         exit_info = {"signal": 2} if sigint and code == 130 else {"code": code}
     else:
         exit_info = {"signal": os.WTERMSIG(status)}
+    known.update({"exit": exit_info, "elapsed": end - start})
+    files, errors = _fetch_files(meta.get("fetch_files") or [], meta.get("fetch_limit", 0))
     _frame(result_fd, {"exit": exit_info, "ran": ran, "elapsed": end - start,
                        "cpu": usage.ru_utime + usage.ru_stime, "maxrss_kb": usage.ru_maxrss, "files": files,
                        "file_errors": errors})
-    os._exit(0)
 
 
-def _program(meta_w):
+def _program(meta_w, sigint_w):
     """The forked program process: read the request, report what the supervisor needs, then run the code."""
     import marshal
     import time
@@ -435,7 +462,7 @@ def _program(meta_w):
         req = marshal.loads(_read_exact(0, size))  # written by the host (trusted), before the code ran
     except (EOFError, ValueError, TypeError):
         os._exit(3)
-    meta = {"start": time.monotonic(), "nonce": req.get("nonce", ""), "fetch_files": req.get("fetch_files") or [],
+    meta = {"start": time.monotonic(), "fetch_files": req.get("fetch_files") or [],
             "fetch_limit": req["fetch_limit"], "compiled": bool(req.get("compile"))}
     path = os.path.join(os.getcwd(), req["script"])
     try:
@@ -453,7 +480,7 @@ def _program(meta_w):
     if "setup_error" in meta:
         os._exit(0)
     try:
-        _child(req, path, meta_w)  # Python ends with SystemExit, which goes up to CPython's own handling
+        _child(req, path, meta_w, sigint_w)  # Python ends with SystemExit, which goes up to CPython's own handling
     except Exception as e:  # noqa: BLE001 - a runner failure before the program started
         print(f"sandbox runner: {type(e).__name__}: {e}", file=sys.stderr)
         sys.stderr.flush()

@@ -4,6 +4,10 @@ The interpreter's stdout and stderr are drained continuously; an end marker carr
 the interpreter after each cell) cuts them into per-cell outputs. A cell past its time limit gets SIGINT
 (KeyboardInterrupt in the main thread), which keeps the namespace; one that does not yield within the grace
 period, or an interpreter that died (OOM, os._exit, killed), is replaced and the result says `restarted: true`.
+
+The session's code can write to the result pipe itself (it is the interpreter's own fd): the host believes no
+length header. A frame past SESSION_FRAME_BYTES, one that is not a JSON object, or more frames than a cell
+answers (a background thread flooding) end the interpreter; it is replaced like one that died.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from sandbox.config import SandboxConfig
 from sandbox.output import HeadTail
 
 MARKER_PREFIX = b"\x00agentrl-cell-end:"
+SESSION_FRAME_BYTES = 1 << 20  # a cell's result: its error's name, value and traceback (each capped inside)
+MAX_QUEUED_FRAMES = 4  # a cell answers with one frame: more waiting means something else writes them
 
 
 class _Stream:
@@ -70,9 +76,11 @@ class SessionProc:
         self._readers: list[asyncio.Task] = []
         self._streams: list[_Stream] = []
         self._over_limit = False
+        self._forged = False  # the interpreter wrote something no cell answers with: it is replaced
 
     async def start(self) -> None:
         self.warm = await self._spawn()
+        self._forged = False
         self._streams = [_Stream(self.cfg.max_output_bytes), _Stream(self.cfg.max_output_bytes)]
         self._frames: asyncio.Queue = asyncio.Queue()
         self._readers = [asyncio.create_task(self._read(self.warm.stdout, self._streams[0])),
@@ -81,12 +89,20 @@ class SessionProc:
 
     async def _read_frames(self) -> None:
         # One reader owns the result pipe, so a timed-out wait can never cut a frame in half.
+        warm = self.warm
         while True:
-            frame = await read_frame(self.warm.results)
+            frame = await read_frame(warm.results, SESSION_FRAME_BYTES)
             if frame is not None and "runner_exit" in frame:  # a zygote sandbox reports its interpreter's end
-                self.warm.exit_code = frame["runner_exit"]
+                if isinstance(frame["runner_exit"], int):
+                    warm.exit_code = frame["runner_exit"]
                 continue
-            await self._frames.put(frame)
+            if frame is None and not warm.results.at_eof() or self._frames.qsize() >= MAX_QUEUED_FRAMES:
+                # oversized, malformed or flooding: the session's own code wrote it. End the interpreter now
+                # (the next cell starts a fresh one) and answer the waiting cell as if it had died.
+                self._forged = True
+                await warm.kill()
+                frame = None
+            self._frames.put_nowait(frame)
             if frame is None:
                 return
 
@@ -102,7 +118,7 @@ class SessionProc:
 
     @property
     def alive(self) -> bool:
-        return self.warm is not None and self.warm.alive
+        return self.warm is not None and self.warm.alive and not self._forged
 
     async def _stop(self) -> None:
         for task in self._readers:
@@ -121,12 +137,15 @@ class SessionProc:
         await self.warm.write(encode_frame(msg))
 
     async def _wait_result(self, cell_id: str, timeout: float) -> dict | None:
-        """The result frame for `cell_id`, None if the interpreter died; raises TimeoutError."""
-        end = time.monotonic() + timeout
-        while True:
-            frame = await asyncio.wait_for(self._frames.get(), max(0.0, end - time.monotonic()))
-            if frame is None or frame.get("id") == cell_id:
-                return frame
+        """The result frame for `cell_id`, None if the interpreter died or wrote a frame that is not it (the
+        interpreter answers each cell once, with its id: anything else was written by the session's code, and
+        the interpreter is ended); raises TimeoutError."""
+        frame = await asyncio.wait_for(self._frames.get(), max(0.0, timeout))
+        if frame is not None and frame.get("id") != cell_id:
+            self._forged = True
+            await self.warm.kill()
+            return None
+        return frame
 
     async def run_cell(self, code: str, timeout: float) -> dict:
         async with self.lock:
@@ -165,7 +184,9 @@ class SessionProc:
                              "traceback": (error or {}).get("traceback", "")}
             else:
                 counters = cg.counters().delta(base) if cg is not None else None
-                if status != "timeout":
+                if self._forged:
+                    status, reason = "error", "runner_fault"
+                elif status != "timeout":
                     status = "error"
                     rc = await self.warm.wait_exit(1)
                     reason = ("oom" if counters and counters.oom_kills else
@@ -175,7 +196,8 @@ class SessionProc:
                     s.flush()
                 what = {"oom": "ran out of memory", "pids_limit": "hit the process limit",
                         "signal": "was killed", "exit": "exited", "timeout": "could not be interrupted",
-                        "output_limit": "could not be interrupted"}[reason]
+                        "output_limit": "could not be interrupted",
+                        "runner_fault": "wrote an oversized or malformed result frame"}[reason]
                 error = {"name": "SessionRestarted" if status != "timeout" else "TimeoutError",
                          "value": f"the interpreter {what}; it was restarted and earlier state is lost",
                          "traceback": ""}

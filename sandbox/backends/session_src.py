@@ -74,8 +74,8 @@ class Session:
             tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
             if isinstance(e, SyntaxError):
                 tb = None
-            error = {"name": type(e).__name__, "value": str(e),
-                     "traceback": "".join(traceback.format_exception(type(e), e, tb))}
+            error = {"name": _capped_text(type(e).__name__), "value": _capped_text(str(e)),
+                     "traceback": _capped_text("".join(traceback.format_exception(type(e), e, tb)))}
         finally:
             with self.lock:
                 self.current = None
@@ -112,6 +112,14 @@ class Session:
                 return
             except KeyboardInterrupt:
                 continue
+
+
+def _capped_text(text, limit=1 << 14):
+    """Head and tail of `text`: a result frame stays far below what the host accepts (SESSION_FRAME_BYTES)."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return text[:half] + "\n...[%d characters truncated]...\n" % (len(text) - 2 * half) + text[-half:]
 
 
 def main():

@@ -8,15 +8,18 @@ sandbox from the kernel's primitives, as bubblewrap does:
 
     zygote: a copy of the template mount namespace, new pid/net/ipc/uts namespaces, fork, back into its own
         --> I (pid 1 of the new pid namespace): joins the request's cgroups, a cgroup namespace rooted there,
-            its own /proc, devpts and size-limited tmpfs for /workspace, /tmp and /dev/shm, loopback up, a new
-            user namespace mapping the sandbox uid 65534 onto the service's uid, every capability dropped,
-            no-new-privs, the seccomp filter; then the runner's supervisor (runner_src.py), which forks the
-            program's process (pid 2) and waits for the request (a session: the session's interpreter).
+            its own /proc, devpts and size-limited tmpfs for /workspace, /tmp and /dev/shm, loopback up; then it
+            becomes the sandbox's own unprivileged host uid (never root: one per sandbox, see cgroups.py) and,
+            as that uid, makes a new user namespace mapping the sandbox uid 65534 onto it; every capability
+            dropped, no-new-privs, the seccomp filter; then the runner's supervisor (runner_src.py), which forks
+            the program's process (pid 2) and waits for the request (a session: the session's interpreter).
 
 Each request gets every namespace of its own, its own cgroup and its own writable mounts; only the (read-only)
 template and the interpreter's pages (copy-on-write) are shared with the zygote. The user namespace is created
 last, so the program's namespace owns no other namespace: its capabilities there would not reach mounts,
-network or pids even if it regained them.
+network or pids even if it regained them. Made by the unprivileged uid, it is owned by that uid, so every
+per-user kernel count (inotify instances, user watches, ...) is charged to the sandbox's own uid, not to root's,
+and root's files, /proc entries and keyrings are as closed to the sandbox as to any other user.
 
 The zygote reads one command per sandbox on CTRL_FD (a SOCK_SEQPACKET socket; marshal payload + four fds:
 stdin, stdout, stderr, result frames) and never runs request code itself. A session's sandbox is the same, with
@@ -104,10 +107,10 @@ def _build_template(kernel, cfg):
         for i in range(1, len(parts)):
             parent = root + "/" + "/".join(parts[:i])
             if not os.path.isdir(parent):
-                os.mkdir(parent, 0o700)
+                os.mkdir(parent, 0o711)  # a way through, not a listing
         os.mkdir(root + path, 0o755)
         _bind_ro(kernel, path, root + path)
-    os.mkdir(root + "/etc", 0o700)
+    os.mkdir(root + "/etc", 0o755)
     for path in cfg["etc_files"]:
         target = root + path
         if os.path.isdir(path):
@@ -121,8 +124,9 @@ def _build_template(kernel, cfg):
     kernel.mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755")
     for name in DEV_NODES:
         _touch(dev + "/" + name)
+        # read-only: the node's inode is the host's own (a chmod through a writable bind would change the host)
         kernel.mount("/dev/" + name, dev + "/" + name, None, _MS_BIND)
-        kernel.mount(None, dev + "/" + name, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID)
+        kernel.mount(None, dev + "/" + name, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_RDONLY)
     for name, target in DEV_LINKS:
         os.symlink(target, dev + "/" + name)
     for path in ("/dev/pts", "/dev/shm", "/tmp", cfg["workdir"]):  # mount points of each sandbox's own
@@ -138,16 +142,17 @@ def _build_template(kernel, cfg):
     kernel.mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "mode=0755")  # superblock
 
 
-def _mount_own(kernel, cfg):
+def _mount_own(kernel, cfg, uid):
     """A sandbox's own mounts over its copy of the template: /proc of its pid namespace (with bwrap's read-only
-    covers), a devpts instance, and fresh size-limited tmpfs for /dev/shm, /tmp and the work dir."""
+    covers), a devpts instance, and fresh size-limited tmpfs for /dev/shm, /tmp and the work dir, owned by the
+    sandbox's host uid."""
     kernel.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     for name in PROC_COVERED:
         path = "/proc/" + name
         if os.path.exists(path):
             _bind_ro(kernel, path, path, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     kernel.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
-    size = "size=%d,mode=0755" % cfg["tmpfs_bytes"]
+    size = "size=%d,mode=0755,uid=%d,gid=%d" % (cfg["tmpfs_bytes"], uid, uid)
     for path in ("/dev/shm", "/tmp", cfg["workdir"]):
         kernel.mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, size)
 
@@ -196,31 +201,40 @@ def _loopback_up():
         sock.close()
 
 
-def _init(kernel, cfg, session):
-    """I: pid 1 of the sandbox's pid namespace. Mounts its own, drops every privilege, runs the runner's
-    supervisor. Returns only in the program's process, by its SystemExit going up to CPython's own handling."""
+def _init(kernel, cfg, session, host_uid):
+    """I: pid 1 of the sandbox's pid namespace. Mounts its own, becomes the sandbox's host uid, drops every
+    privilege, runs the runner's supervisor. Returns only in the program's process, by its SystemExit going up to
+    CPython's own handling."""
     import _signal
 
     try:
-        kernel.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
         # As pid 1 only signals with a handler reach I from inside: none must (Python's SIGINT handler would).
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the zygote's SIG_IGN would reap the program itself
         os.setgroups([])
-        _mount_own(kernel, cfg)
+        if host_uid is None:  # a service that is not root: the sandbox maps onto its own (unprivileged) uid
+            host_uid = os.geteuid()
+        _mount_own(kernel, cfg, host_uid)
         import _socket
 
         _socket.sethostname(cfg["hostname"])
         _loopback_up()
-        outer_uid, outer_gid = os.geteuid(), os.getegid()  # the service's: inside, the sandbox uid maps onto it
+        # Root's part is done: from here on I is the sandbox's unprivileged host uid, and the user namespace it
+        # makes next is owned by that uid (a root-owned one would map the sandbox onto root, its device nodes,
+        # /proc entries and per-user limits). Each credential change resets the dumpable flag and the parent-death
+        # signal: /proc/self/uid_map is writable by its owner only while I is dumpable.
+        os.setresgid(host_uid, host_uid, host_uid)
+        os.setresuid(host_uid, host_uid, host_uid)
         kernel.unshare(_CLONE["user"])
+        kernel.prctl(_PR_SET_DUMPABLE, 1)
         _write_text("/proc/self/setgroups", "deny")
-        _write_text("/proc/self/uid_map", "%d %d 1" % (cfg["uid"], outer_uid))
-        _write_text("/proc/self/gid_map", "%d %d 1" % (cfg["uid"], outer_gid))
+        _write_text("/proc/self/uid_map", "%d %d 1" % (cfg["uid"], host_uid))
+        _write_text("/proc/self/gid_map", "%d %d 1" % (cfg["uid"], host_uid))
         os.setsid()
         os.chdir(cfg["workdir"])
         kernel.drop_privileges()
         kernel.prctl(_PR_SET_DUMPABLE, 0)  # the program (same uid) cannot open /proc/1/mem or ptrace I
+        kernel.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
     except BaseException as e:  # noqa: BLE001 - any setup failure is the host's infra error
         _setup_failed(e, 126)
 
@@ -232,12 +246,20 @@ def _init(kernel, cfg, session):
     if session is None:
         _supervise(3, program_setup)
         return
-    # A session: the interpreter is pid 2 as a program is; pid 1 only waits and ends with its status.
+    # A session: the interpreter is pid 2 as a program is; pid 1 only waits and ends with its status. It reaps
+    # every orphan on the way (the session's daemonised children are re-parented to it): zombies it left would
+    # count against the sandbox's pids limit until the session could no longer fork.
     pid = os.fork()
     if pid == 0:
         program_setup()
         _serve_session(3, session["fsize"], session["nofile"])
-    _, status = os.waitpid(pid, 0)
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        if done == pid:
+            break
     try:
         _frame(3, {"runner_exit": os.waitstatus_to_exitcode(status)})
     finally:
@@ -280,7 +302,7 @@ def _make_sandbox(kernel, cfg, host_ns, cgroup_procs):
     return pid, procs
 
 
-def _into_sandbox(kernel, cfg, fds, procs, session):
+def _into_sandbox(kernel, cfg, fds, procs, session, host_uid):
     """The sandbox's pid 1, just forked: its stdio and result fd in place, into its cgroups, then _init."""
     import fcntl
 
@@ -297,7 +319,7 @@ def _into_sandbox(kernel, cfg, fds, procs, session):
         kernel.unshare(_CLONE["cgroup"])  # after joining: the sandbox's cgroup is its cgroup root
     except BaseException as e:  # noqa: BLE001
         _setup_failed(e, 125)
-    _init(kernel, cfg, session)
+    _init(kernel, cfg, session, host_uid)
 
 
 def _zygote_main():
@@ -366,7 +388,7 @@ def _zygote_main():
                 pid = -1
                 _frame(fds[3], {"setup_failed": "%s: %s (zygote)" % (type(e).__name__, e)})
             if pid == 0:
-                _into_sandbox(kernel, cfg, fds, procs, request.get("session"))
+                _into_sandbox(kernel, cfg, fds, procs, request.get("session"), request.get("host_uid"))
                 return  # the program's process: its SystemExit ended the program, CPython shuts down
         for fd in (*fds, *procs):
             os.close(fd)

@@ -55,6 +55,12 @@ HACKS = {
                           "repr({{'version': 1, 'total': 3, 'kinds': ['ok'] * 3}}).encode().hex())\n"
                           "print('All tests passed')\nimport os\nos._exit(0)"),
     "kill_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos._exit(0)",
+    # a frame the supervisor would fail to unmarshal (SystemError), written to every fd: once an escape from
+    # reward 0 to an infrastructure error (fd 5 was the runner's own pipe)
+    "forge_runner_frames": ("import marshal, os\ndef _g(a): pass\nb = bytearray(marshal.dumps({{'sigint': _g.__code__}}))\n"
+                            "i = b.index(0xe3)\nb[i + 5:i + 9] = (5).to_bytes(4, 'little')\n"
+                            "for fd in range(3, 64):\n    try:\n        os.write(fd, len(b).to_bytes(4, 'big') + b)\n"
+                            "    except OSError:\n        pass\ndef {f}(*a):\n    return -999"),
     "patch_builtins": ("import builtins\nbuiltins.AssertionError = type('N', (Exception,), {{}})\n"
                        "builtins.abs = lambda x: 0\nbuiltins.len = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
                        "builtins.sorted = lambda *a, **k: []\ndef {f}(*a):\n    return -999"),

@@ -6,6 +6,8 @@ import os
 import shutil
 import sys
 
+import contextlib
+
 import httpx
 
 SECRET = "agentrl-sandbox-test-secret-4f1d"  # set in the service's environment; must never reach the code
@@ -45,3 +47,18 @@ def bwrap_unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "cgroup limits need root (or a delegated cgroup subtree)"
     return None
+
+
+@contextlib.contextmanager
+def sandbox_service(*settings: str):
+    """A sandbox service of the test's own on a free loopback port, with SERVICE_SETTINGS and `settings`
+    (`key=value`); yields a client of it, and stops it."""
+    from helpers import free_port, service
+
+    port = free_port()
+    args = ["python", "-m", "sandbox", "serve", "--port", str(port)]
+    for item in (*SERVICE_SETTINGS, *settings):
+        args += ["--set", item]
+    url = f"http://127.0.0.1:{port}"
+    with service(args, f"{url}/v1/ping"), httpx.Client(base_url=url, timeout=120) as http:
+        yield http

@@ -8,7 +8,7 @@ import sys
 
 import httpx
 import pytest
-from sandbox_testlib import SERVICE_SETTINGS, assert_benign, bwrap_unavailable_reason, run
+from sandbox_testlib import assert_benign, bwrap_unavailable_reason, run, sandbox_service
 
 from helpers import REPO_ROOT, free_port, service
 
@@ -90,12 +90,7 @@ def test_bwrap_per_sandbox_without_the_zygote():
     """`zygote=false`: every sandbox is a bwrap process (the path without cgroups too): same results."""
     if reason := bwrap_unavailable_reason():
         pytest.skip(reason)
-    port = free_port()
-    args = ["python", "-m", "sandbox", "serve", "--port", str(port), "--set", "zygote=false"]
-    for item in SERVICE_SETTINGS:
-        args += ["--set", item]
-    url = f"http://127.0.0.1:{port}"
-    with service(args, f"{url}/v1/ping"), httpx.Client(base_url=url, timeout=60) as http:
+    with sandbox_service("zygote=false") as http:
         assert http.get("/health").json()["zygote"] is False
         body = run(http, "import os, sys\nprint(input(), sorted(os.listdir('/')))\nopen('out.txt', 'w').write('x')\n"
                    "sys.exit(3)", stdin="hello\n", fetch_files=["out.txt"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 
@@ -35,24 +36,44 @@ def test_pool_limits_kill_and_cleanup():
 
 def test_a_cgroup_released_before_it_is_empty_drains_and_is_not_reused_until_empty():
     """The kernel may still be tearing a sandbox's last processes down when it is disposed of (slow under load):
-    release must neither block nor hand the cgroup out while it holds a process, nor leak it."""
+    release must neither block nor hand the cgroup out while it holds a process, nor leak it. How long the kernel
+    takes is not up to the test: the cgroup reports a process until the test says it is gone."""
     pool = CgroupPool(detect_version(), size=1, name=f"agentrl-sandbox-test3-{os.getpid()}")
     try:
         cg = pool.acquire()
-        joins = " && ".join(f"echo 0 > {f}" for f in cg.procs_files)
-        # a child of this process: SIGKILL ends it, but it stays in the cgroup (a zombie) until we reap it
-        proc = subprocess.Popen(["/bin/sh", "-c", f"{joins} && exec sleep 4747.6"])
-        while not cg.procs():
-            time.sleep(0.01)
-        pool.release(cg)  # one kill pass, no wait: the process is still there (its parent has not reaped it)
+        tearing_down = {4747}
+        cg.kill_pass = lambda: set(tearing_down)  # what a pass finds while the kernel is still at work
+        pool.release(cg)  # one kill pass, no wait
         assert pool.draining == 1 and pool.in_use == 0
         other = pool.acquire()
         assert other is not cg and pool.total == 2  # a draining cgroup is never handed out
-        proc.wait(timeout=10)  # the zombie is reaped: the cgroup is empty now
+        assert pool.reap() == 1 and pool.draining == 1  # still holding a process: still draining
+        tearing_down.clear()  # the last process is gone
         assert pool.reap() == 0 and pool.draining == 0
         pool.release(other)
         assert pool.in_use == 0 and {pool.acquire(), pool.acquire()} == {cg, other}
     finally:
+        pool.close()
+
+
+def test_signals_reach_only_processes_in_the_cgroup():
+    """A pid read from cgroup.procs may belong to another process by the time it is signalled (its owner exited
+    and the pid was reused): signal_procs pins each pid and re-checks the cgroup, so a process outside is never
+    hit, whatever pids it is handed."""
+    pool = CgroupPool(detect_version(), size=1, name=f"agentrl-sandbox-test4-{os.getpid()}")
+    outside = subprocess.Popen(["sleep", "4848.6"])
+    try:
+        cg = pool.acquire()
+        joins = " && ".join(f"echo 0 > {f}" for f in cg.procs_files)
+        inside = subprocess.Popen(["/bin/sh", "-c", f"{joins} && exec sleep 4848.7"])
+        while not cg.procs():
+            time.sleep(0.01)
+        cg.signal_procs({outside.pid, *cg.procs()}, signal.SIGKILL)  # as if the outside pid had been read there
+        assert inside.wait(timeout=10) == -signal.SIGKILL
+        assert outside.poll() is None  # untouched
+    finally:
+        outside.kill()
+        outside.wait()
         pool.close()
 
 
