@@ -65,11 +65,10 @@ def _episode_cause(episode: Episode, services: dict[str, str]) -> tuple[str, str
             return f"{where} failed calls to tool {call['name']!r} ({call['error_kind']})", detail
     if "infra_detail" in episode.metrics:  # engine, sandbox, prompt too long
         return excerpt(str(episode.metrics["infra_detail"]), 200), ""
-    detail = episode.metrics.get("stop_detail", "")
     if episode.finish_reason == "timeout":
         return (f"episodes ran past agent.episode_timeout_s (waiting for the "
-                f"{episode.metrics.get('timeout_phase', 'engine or tools')})"), detail
-    return f"episodes ended with {episode.finish_reason} ({detail})", ""
+                f"{episode.metrics.get('timeout_phase', 'engine or tools')})"), ""
+    return f"episodes ended with {episode.finish_reason} ({episode.metrics.get('stop_detail', '')})", ""
 
 
 def infra_cause(episodes: list[Episode], services: dict[str, str]) -> str:
