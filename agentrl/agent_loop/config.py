@@ -116,7 +116,8 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         if self.on_error not in REWARD_ON_ERROR:
-            raise ValueError(f"reward.on_error {self.on_error!r} is unknown; choose one of {', '.join(REWARD_ON_ERROR)}")
+            raise ValueError(f"reward.on_error {self.on_error!r} is unknown; choose one of "
+                             f"{', '.join(REWARD_ON_ERROR)}")
         if self.unit_tests_timeout_s <= 0:
             raise ValueError(f"reward.unit_tests_timeout_s must be > 0, got {self.unit_tests_timeout_s}")
         if self.sandbox_url is not None and not self.sandbox_url.startswith(("http://", "https://")):

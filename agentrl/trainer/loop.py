@@ -499,9 +499,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         if val_tasks and cfg.trainer.test_freq and start.step == 0:
             logger.log(0, await validate(val_rollout, val_tasks, 0))
         metrics: dict[str, float] = {}
-        t = cfg.trainer
-        infra = InfraWatch(InfraLimits(t.max_infra_failed_fraction, t.infra_streak_fraction, t.infra_streak_steps),
-                           services={backend.name: backend.where for backend in tools.backends})
+        infra = InfraWatch(InfraLimits.of(cfg.trainer), services={b.name: b.where for b in tools.backends})
         for step in range(start.step + 1, cfg.trainer.total_steps + 1):
             sampler_at_start = sampler.state_dict()
             try:

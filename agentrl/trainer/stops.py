@@ -38,6 +38,11 @@ class InfraLimits:
     streak_fraction: float  # trainer.infra_streak_fraction
     streak_steps: int  # trainer.infra_streak_steps: this many steps in a row above streak_fraction stop it (0: off)
 
+    @classmethod
+    def of(cls, trainer) -> InfraLimits:
+        """The limits of a `TrainerConfig`."""
+        return cls(trainer.max_infra_failed_fraction, trainer.infra_streak_fraction, trainer.infra_streak_steps)
+
 
 def infra_stop_rule(counts: list[tuple[int, int]], limits: InfraLimits) -> str | None:
     """Which rule stops the run after the last step of `counts`, or None to go on.
