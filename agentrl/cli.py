@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from agentrl.errors import UserError, debug_enabled, one_line
+    from agentrl.errors import EXIT_INFRA, EXIT_USER, InfraFailureError, UserError, debug_enabled, one_line
     from agentrl.preflight import PreflightError
 
     try:
@@ -95,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         for line in e.problems if isinstance(e, PreflightError) else [one_line(e)]:  # one line per problem
             print(f"error: {line}", file=sys.stderr)
-        return 2
+        return EXIT_USER
+    except InfraFailureError as e:  # a service kept failing: the run stopped itself (`agentrl.errors`)
+        if debug_enabled():
+            raise
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return EXIT_INFRA
     return int(code or 0)
 
 

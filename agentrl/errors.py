@@ -6,6 +6,10 @@ traceback too. Anything else that escapes a command is a bug and keeps its trace
 
 Modules raise the most specific subclass they own (e.g. `TaskFormatError`, `ConfigError`) and subclass
 `UserError` so the command line can tell a user's mistake from a fault of agentrl itself.
+
+`InfraFailureError` is the other one-line stop: a service the run depends on (a tool service, the sandbox, an
+engine) kept failing, so the run stopped on its own; the command exits with code 3 (`EXIT_INFRA`). Exit codes:
+0 done, 1 a crash (a bug: traceback), 2 a user error (`EXIT_USER`), 3 an infrastructure stop, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -13,8 +17,17 @@ from __future__ import annotations
 import os
 
 
+EXIT_USER = 2
+EXIT_INFRA = 3
+
+
 class UserError(Exception):
     """A mistake in the user's input (config, data, paths, arguments, services); the message is one line."""
+
+
+class InfraFailureError(Exception):
+    """A run stopped because its infrastructure (tool services, sandbox, engines) failed too often; the message is
+    one line naming the service, its URL and what failed. Running the same command again resumes the run."""
 
 
 def debug_enabled() -> bool:
@@ -27,4 +40,4 @@ def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-__all__ = ["UserError", "debug_enabled", "one_line"]
+__all__ = ["EXIT_INFRA", "EXIT_USER", "InfraFailureError", "UserError", "debug_enabled", "one_line"]

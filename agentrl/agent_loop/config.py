@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from agentrl.agent_loop.parsers import PARSERS
 from agentrl.config import ConfigError, import_object
@@ -83,6 +83,10 @@ class OverlongBufferConfig:
                              f"penalty_factor={self.penalty_factor}")
 
 
+RewardOnError = Literal["raise", "zero", "drop"]
+REWARD_ON_ERROR = get_args(RewardOnError)  # reward.on_error values
+
+
 @dataclass
 class RewardConfig:
     """How episodes are scored (`agentrl.agent_loop.rewards`).
@@ -94,6 +98,9 @@ class RewardConfig:
     its last message is not a finished answer. True scores that message as it stands, right answer and all.
     `custom` maps extra reward type names to `module:fn` callables `fn(task, episode, config) -> float` (may be
     async); they are imported and checked here, at config load.
+    `on_error`: what happens when the reward code itself raises (a bug in the grader, not a sandbox fault, which
+    is an infrastructure failure): "raise" stops at the first one (`rewards.RewardError`); "zero" scores the
+    episode 0 (a policy failure) and trains on it; "drop" leaves the episode's whole group out of the step.
     """
 
     answer_from: Literal["answer_tag", "answer_tag_strict", "final_text"] = "answer_tag"
@@ -105,8 +112,12 @@ class RewardConfig:
     reuse_verdicts: bool = True
     custom: dict[str, str] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    on_error: RewardOnError = "raise"
 
     def __post_init__(self) -> None:
+        if self.on_error not in REWARD_ON_ERROR:
+            raise ValueError(f"reward.on_error {self.on_error!r} is unknown; choose one of "
+                             f"{', '.join(REWARD_ON_ERROR)}")
         if self.unit_tests_timeout_s <= 0:
             raise ValueError(f"reward.unit_tests_timeout_s must be > 0, got {self.unit_tests_timeout_s}")
         if self.sandbox_url is not None and not self.sandbox_url.startswith(("http://", "https://")):
@@ -125,4 +136,5 @@ def check_reward_fn(fn, what: str) -> None:
         raise ConfigError(f"{what} must accept (task, episode, config): {e}") from None
 
 
-__all__ = ["AgentLoopConfig", "OverlongBufferConfig", "RolloutConfig", "RewardConfig", "check_reward_fn"]
+__all__ = ["AgentLoopConfig", "OverlongBufferConfig", "REWARD_ON_ERROR", "RolloutConfig", "RewardConfig",
+           "check_reward_fn"]

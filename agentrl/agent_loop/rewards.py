@@ -6,8 +6,13 @@ answer's code then the task's tests, run in the sandbox under a harness that pro
 `agentrl.agent_loop.code_tests` and record why a run failed in `episode.metrics["reward_info"]`. Extra types come from
 `reward.custom` ({name: "module:fn"}, checked at config load) or directly as `"type": "module:fn"` in the task.
 
-A reward function has the signature `fn(task, episode, config) -> float` and may be async. If it raises, the
-episode is marked `infra_error` (`RolloutManager`), never given 0: a broken grader must not train the policy.
+A reward function has the signature `fn(task, episode, config) -> float` and may be async. `score_episode` tells
+whose fault a failure is. The sandbox failing under a code reward (`SandboxInfraError`: unreachable, 5xx, overloaded)
+is an infrastructure fault: the episode is marked `infra_error` and left out, like a tool service that is down.
+Any other exception is the reward code's own bug (a user's `module:fn`, a bad spec, a non-finite value): by
+default (`reward.on_error: raise`) it stops the caller with a `RewardError` naming the reward, the task and the
+exception, since a broken grader must not train the policy; "zero" scores the episode 0 and "drop" flags it so the
+trainer leaves its group out (`reward_failed`); both keep the error in `metrics["reward_error"]`.
 
 Answers are read from the final assistant message: `<answer>...</answer>` (the last one), falling back to the
 whole text, or as `reward.answer_from` says; for unit tests the last ```python block, else the answer.
@@ -32,13 +37,17 @@ import inspect
 import json
 import math
 import re
+import traceback
 from collections import OrderedDict
 from fractions import Fraction
+from pathlib import Path
 from typing import Awaitable, Callable, Protocol
 
 from agentrl.agent_loop.config import RewardConfig, check_reward_fn
 from agentrl.config import import_object
+from agentrl.errors import UserError
 from agentrl.types import Episode, Task
+from sandbox.client import SandboxInfraError
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _PYTHON_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -318,7 +327,7 @@ def check_reward_specs(tasks: list[Task], config: RewardConfig) -> None:
 
 
 async def compute_reward(task: Task, episode: Episode, config: RewardConfig) -> float:
-    """Score one episode. Exceptions propagate (the caller marks the episode infra_error)."""
+    """Score one episode. Exceptions propagate (`score_episode` decides whose fault they are)."""
     fn = resolve_reward_fn(task.reward, config, where=f"task {task.task_id!r}")
     value = fn(task, episode, config)
     if inspect.isawaitable(value):
@@ -329,6 +338,64 @@ async def compute_reward(task: Task, episode: Episode, config: RewardConfig) -> 
     return value
 
 
-__all__ = ["RewardFn", "RewardSpecError", "REWARDS", "SANDBOX_REWARDS", "VERDICTS", "VerdictCache", "compute_reward",
+class RewardError(UserError):
+    """The reward code raised while scoring an episode (`reward.on_error: raise`): a bug in the grader, not an
+    infrastructure fault. One line names the reward, the task and the exception (with the line that raised it);
+    the trainer fills in `origin` (the task's file and row) and `log_file` (where it wrote the traceback)."""
+
+    def __init__(self, reward: str, task: Task, error: BaseException):
+        super().__init__(reward, task.task_id, error)
+        self.reward, self.task, self.error = reward, task, error
+        self.origin: str | None = None
+        self.log_file: str | None = None
+
+    def __str__(self) -> str:
+        task = f"task {self.task.task_id!r}" if self.task.task_id else "a task without task_id"
+        if self.origin:
+            task += f" ({self.origin})"
+        trace = f"traceback in {self.log_file}" if self.log_file else "AGENTRL_DEBUG=1 shows the traceback"
+        return (f"reward {self.reward} raised {describe_exception(self.error)} on {task}; fix the reward function "
+                f"({trace}), or set reward.on_error=zero (score such episodes 0) or reward.on_error=drop (leave "
+                "their groups out)")
+
+
+def describe_exception(error: BaseException) -> str:
+    """`KeyError: 'answer' (my_rewards.py:12)`: the exception and the line that raised it, cut to one short line."""
+    text = f"{type(error).__name__}: {error}"
+    text = text if len(text) <= 300 else text[:297] + "..."
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"{text} ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else text
+
+
+def reward_name(spec: dict, config: RewardConfig) -> str:
+    """How errors name a task's reward: `'parity' (train_rewards:first_token_parity)`, `'mod:fn'`, `'numeric'`."""
+    kind = spec.get("type") if isinstance(spec, dict) else spec
+    return f"{kind!r} ({config.custom[kind]})" if kind in config.custom else repr(kind)
+
+
+def reward_failed(episode: Episode) -> bool:
+    """True when the episode's reward code raised and `reward.on_error` kept the episode (zero or drop)."""
+    return "reward_error" in episode.metrics and not episode.infra_error
+
+
+async def score_episode(task: Task, episode: Episode, config: RewardConfig) -> None:
+    """Set `episode.reward`, deciding whose fault a failure is (see the module docstring): a sandbox fault marks
+    the episode infra_error; the reward code's own exception raises `RewardError` or, per `reward.on_error`,
+    scores 0 with `metrics["reward_error"]` set."""
+    try:
+        episode.reward = await compute_reward(task, episode, config)
+    except SandboxInfraError as e:  # the sandbox failed, not the grader
+        episode.reward, episode.infra_error = 0.0, True
+        episode.metrics["reward_error"] = f"{type(e).__name__}: {e}"
+        episode.metrics["infra_detail"] = f"sandbox ({e.kind}): {e}"
+    except Exception as e:  # noqa: BLE001 -- boundary: whatever the user's reward code raises is its own bug
+        if config.on_error == "raise":
+            raise RewardError(reward_name(task.reward, config), task, e) from e
+        episode.reward = 0.0
+        episode.metrics["reward_error"] = describe_exception(e)
+
+
+__all__ = ["RewardFn", "RewardSpecError", "RewardError", "REWARDS", "SANDBOX_REWARDS", "VERDICTS", "VerdictCache",
+           "compute_reward", "describe_exception", "reward_failed", "reward_name", "score_episode",
            "check_reward_specs", "resolve_reward_fn", "answer_text", "extract_answer", "extract_code",
            "extract_program", "final_text", "parse_number", "exact_match", "numeric", "unit_tests", "stdin_stdout"]

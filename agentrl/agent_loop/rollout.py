@@ -6,7 +6,9 @@ its turns and then its reward inside its slot. The per-episode wall-clock limit 
 (`ToolAgentLoop` ends the episode with finish_reason "timeout" and keeps what it had).
 
 Rewards: infra-failed episodes (engine or tool fault, timeout) are not scored (reward 0.0, `infra_error` True);
-a reward function that raises marks the episode infra_error too, with the error in `metrics["reward_error"]`.
+the others are scored by `rewards.score_episode`: a sandbox fault marks the episode infra_error, and a reward
+function that raises stops `generate` with a `RewardError` (the other episodes are cancelled) unless
+`reward.on_error` is "zero" or "drop".
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig
-from agentrl.agent_loop.rewards import check_reward_specs, compute_reward
+from agentrl.agent_loop.rewards import RewardError, check_reward_specs, reward_failed, score_episode
 from agentrl.agent_loop.tool_agent import ToolAgentLoop
 from agentrl.types import FINISH_REASONS_EPISODE, Episode, SamplingParams, Task
 from agentrl.tools.errors import UnknownToolError
@@ -69,6 +71,11 @@ class RolloutManager:
         try:  # a TaskGroup cancels the other episodes if one fails with a bug (not an infra error)
             async with asyncio.TaskGroup() as group:
                 running = [group.create_task(one(i, t, k)) for i, t in enumerate(tasks) for k in range(n)]
+        except ExceptionGroup as failed:  # a reward function raised: the first one is the user's one-line error
+            first = next((e for e in failed.exceptions if isinstance(e, RewardError)), None)
+            if first is None:
+                raise
+            raise first from first.__cause__
         finally:
             if progress is not None:
                 progress.close()
@@ -86,12 +93,7 @@ class RolloutManager:
         episode.metrics["sample_index"] = sample
         if episode.infra_error:
             return episode
-        try:
-            episode.reward = await compute_reward(task, episode, self.reward_config)
-        except Exception as e:  # noqa: BLE001 -- boundary: any grader failure makes the episode untrainable
-            episode.reward = 0.0
-            episode.infra_error = True
-            episode.metrics["reward_error"] = f"{type(e).__name__}: {e}"
+        await score_episode(task, episode, self.reward_config)
         return episode
 
     def _check_tool_names(self, tasks: list[Task]) -> None:
@@ -165,7 +167,7 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/policy_tokens_mean": sum(sum(e.response_mask) for e in episodes) / total,
         "rollout/tool_calls_per_episode": calls / total,
         "rollout/tool_error_rate": errors / calls if calls else 0.0,
-        "rollout/reward_errors": float(sum("reward_error" in e.metrics for e in episodes)),
+        "rollout/reward_errors": float(sum(reward_failed(e) for e in episodes)),  # reward.on_error zero / drop
     }
     for reason in FINISH_REASONS_EPISODE:
         out[f"rollout/finish_{reason}"] = reasons.get(reason, 0) / total

@@ -350,9 +350,13 @@ class TrainerConfig:
     ray_address: str | None = None  # None: start a local Ray; "auto" or an address: join a cluster
     ray_num_cpus: int | None = None  # local Ray only; None: Ray's default
     save_hf_model: bool = True  # after the last step, write the trained policy as an HF model to run_dir/final_model
-    # stop the run (InfraFailureError) when more than this share of a step's episodes failed for an infrastructure
-    # reason (sandbox or tool service unreachable, 5xx): 1.0 never stops; such episodes are always dropped
-    max_infra_failed_fraction: float = 1.0
+    # Stop the run (exit code 3) when its infrastructure fails (a tool service, the sandbox or an engine unreachable
+    # or failing after the clients' retries; such episodes are always dropped, never trained as reward 0): when
+    # more than max_infra_failed_fraction of one step's episodes failed (1.0: never), or when infra_streak_steps
+    # steps in a row each had more than infra_streak_fraction failed (0 steps: never). Rules: trainer/stops.py
+    max_infra_failed_fraction: float = 0.5
+    infra_streak_fraction: float = 0.25
+    infra_streak_steps: int = 3
 
     def __post_init__(self) -> None:
         if self.total_steps < 1:
@@ -365,8 +369,11 @@ class TrainerConfig:
             raise ValueError(f"trainer.loggers: unknown {bad}; choose from {sorted(allowed)}")
         if self.val_n < 1:
             raise ValueError(f"trainer.val_n must be >= 1, got {self.val_n}")
-        if not 0.0 <= self.max_infra_failed_fraction <= 1.0:
-            raise ValueError(f"trainer.max_infra_failed_fraction must be in [0, 1], got {self.max_infra_failed_fraction}")
+        for key in ("max_infra_failed_fraction", "infra_streak_fraction"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"trainer.{key} must be in [0, 1], got {getattr(self, key)}")
+        if self.infra_streak_steps < 0:
+            raise ValueError(f"trainer.infra_streak_steps must be >= 0 (0: off), got {self.infra_streak_steps}")
 
 
 @dataclass

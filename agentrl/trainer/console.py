@@ -37,7 +37,8 @@ CONSOLE_FIELDS: tuple[ConsoleField, ...] = (
     ConsoleField("episode/response_tokens_mean", "len", "{:.0f}",
                  "mean response length in tokens (model turns and tool output)"),
     ConsoleField("data/infra_failed", "infra", "{:.0f}",
-                 "episodes dropped because a tool, the sandbox or the engine failed (never trained as reward 0)"),
+                 "episodes dropped because a tool, the sandbox or the engine failed (never trained as reward 0), "
+                 "of those generated; `!` marks a step that had any (too many stop the run: docs/training.md)"),
     ConsoleField("data/zero_var_groups", "zvar", "{:.0f}",
                  "groups whose episodes all got the same reward: their advantages are 0, they teach nothing"),
     ConsoleField("val/reward/mean", "val", "{:.3f}", "mean reward on the validation tasks (every trainer.test_freq "
@@ -101,6 +102,16 @@ def has_no_signal(metrics: dict[str, float]) -> bool:
     return metrics.get("data/signal_groups") == 0 and metrics.get("data/zero_var_groups", 0) > 0
 
 
+INFRA_KEY = "data/infra_failed"
+
+
+def _infra_part(metrics: dict[str, float]) -> str:
+    """`infra 5/64 !`: infra-failed of generated episodes, marked when any failed."""
+    failed, generated = metrics[INFRA_KEY], metrics.get("data/episodes_generated")
+    text = f"infra {failed:.0f}/{generated:.0f}" if generated else f"infra {failed:.0f}"
+    return f"{text} !" if failed else text
+
+
 class StepConsole:
     """Formats each step's line and warns after `NO_SIGNAL_WARN_AFTER` steps in a row without signal.
 
@@ -115,7 +126,8 @@ class StepConsole:
 
     def lines(self, step: int, metrics: dict[str, float]) -> list[str]:
         parts = [f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"]
-        parts += [f"{f.label} {f.fmt.format(metrics[f.key])}" for f in CONSOLE_FIELDS if f.key in metrics]
+        parts += [_infra_part(metrics) if f.key == INFRA_KEY else f"{f.label} {f.fmt.format(metrics[f.key])}"
+                  for f in CONSOLE_FIELDS if f.key in metrics]
         if step == 0:  # the validation before training
             return [" | ".join(parts)]
         self._seconds.append(sum(metrics.get(k, 0.0) for k in ("timing/step_s", "timing/val_s", "timing/save_s")))

@@ -2,8 +2,11 @@
 
     for step in 1..total_steps:
         tasks    = sampler.next()                                  (data.train_batch_size prompts)
-        episodes = rollout.generate(tasks)                         (rollout.n per prompt, rewards filled in)
+        episodes = rollout.generate(tasks)                         (rollout.n per prompt, rewards filled in; a
+                                                                    reward function that raises stops the run)
         drop infra-failed episodes                                 (counted, never trained as reward 0)
+        [drop groups whose reward raised]                          (reward.on_error: drop)
+        stop if too many episodes infra-failed                     (trainer.max_infra_failed_fraction, ...)
         [drop zero-variance groups, refill from new tasks]         (algorithm.filter_zero_variance_groups)
         scores = rewards [+ overlong penalty]                      (reward.overlong_buffer, DAPO)
         batch = episodes_to_batch(...)
@@ -25,7 +28,9 @@
     final_model/ (HF model dir), COMPLETE
 
 How a run starts in its run_dir (fresh, resumed from a checkpoint, or already complete) and what a resume does
-to the directory's records: `agentrl.trainer.resume`. What the console shows: `agentrl.trainer.console`.
+to the directory's records: `agentrl.trainer.resume`. What the console shows: `agentrl.trainer.console`. When a
+run stops on its own (a reward function raised, the tools or engines are down) and what it says:
+`agentrl.trainer.stops`.
 
 Entry points: `train(cfg)` (blocking) and `run(cfg)` (async). `agentrl train CONFIG [overrides]` calls `train`.
 """
@@ -41,7 +46,9 @@ from pathlib import Path
 
 import torch
 
+from agentrl.agent_loop.rewards import reward_failed
 from agentrl.config import save_config, to_dict
+from agentrl.errors import InfraFailureError
 from agentrl.trainer.algos import (
     AdvantageInputs,
     apply_kl_in_reward,
@@ -56,7 +63,9 @@ from agentrl.trainer.algos import (
 from agentrl.trainer.batch import episodes_to_batch
 from agentrl.trainer.checkpoint import (
     begin_checkpoint,
+    checkpoint_step,
     commit_checkpoint,
+    list_checkpoints,
     load_driver_state,
     prune_checkpoints,
     save_driver_state,
@@ -74,6 +83,7 @@ from agentrl.trainer.metrics import (
     value_metrics,
 )
 from agentrl.trainer.resume import FINAL_MODEL_DIR, mark_complete, plan_start, prepare_run_dir
+from agentrl.trainer.stops import InfraLimits, InfraWatch, log_failure, log_line, resume_hint
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
 
@@ -118,30 +128,22 @@ def group_by_uid(episodes: list[Episode]) -> dict[str, list[Episode]]:
     return groups
 
 
-class InfraFailureError(RuntimeError):
-    """Too many of a step's episodes failed for an infrastructure reason (trainer.max_infra_failed_fraction)."""
-
-
-def check_infra_failures(step: int, metrics: dict, limit: float) -> None:
-    """Raise InfraFailureError when the step's share of infra-failed episodes is above `limit`."""
-    generated = metrics.get("data/episodes_generated", 0.0)
-    failed = metrics.get("data/infra_failed", 0.0)
-    if generated and failed / generated > limit:
-        raise InfraFailureError(f"step {step}: {failed:.0f} of {generated:.0f} episodes failed for an "
-                                "infrastructure reason (a tool service or the sandbox is unreachable or failing), "
-                                f"more than trainer.max_infra_failed_fraction={limit}; see the episodes' tool "
-                                "errors in episodes.jsonl and the services' logs")
-
-
 def has_signal(group: list[Episode]) -> bool:
     """A group teaches something only if its rewards differ (otherwise every GRPO advantage is 0)."""
     return len(group) > 1 and len({ep.reward for ep in group}) > 1
 
 
-def load_task_files(paths: list[str]) -> list[Task]:
-    from agentrl.data.tasks import load_tasks
+def load_task_files(paths: list[str]) -> list[tuple[Task, str]]:
+    """(task, "file:row N") for every row of the files, in order; the origin names the task in errors."""
+    from agentrl.data.tasks import TaskFormatError, read_tasks
 
-    return [task for path in paths for task in load_tasks(path)]
+    rows = []
+    for path in paths:
+        for number, item in read_tasks(path):
+            if isinstance(item, TaskFormatError):
+                raise item
+            rows.append((item, f"{path}:row {number}"))
+    return rows
 
 
 def round_prompts(wanted: int, data: DataConfig) -> int:
@@ -154,10 +156,11 @@ def round_prompts(wanted: int, data: DataConfig) -> int:
 
 async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
                            step: int) -> tuple[list[Episode], dict, list[Episode]]:
-    """Roll out one step's tasks; drop infra failures; optionally keep only groups with reward variance,
-    refilling from new tasks (DAPO dynamic sampling) for up to `algorithm.max_filter_rounds` extra rounds.
-    Returns (episodes to train on, data stats, every episode generated). `data/signal_groups` counts the kept
-    groups whose rewards differ: 0 means the step has nothing to learn from."""
+    """Roll out one step's tasks; drop infra failures, and the groups whose reward raised (`reward.on_error:
+    drop`); optionally keep only groups with reward variance, refilling from new tasks (DAPO dynamic sampling)
+    for up to `algorithm.max_filter_rounds` extra rounds. Returns (episodes to train on, data stats, every
+    episode generated). `data/signal_groups` counts the kept groups whose rewards differ: 0 means the step has
+    nothing to learn from."""
     stats = defaultdict(float)
     kept: list[list[Episode]] = []
     all_episodes: list[Episode] = []
@@ -170,6 +173,9 @@ async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
         all_episodes += episodes
         stats["data/infra_failed"] += sum(ep.infra_error for ep in episodes)
         for group in group_by_uid([ep for ep in episodes if not ep.infra_error]).values():
+            if cfg.reward.on_error == "drop" and any(reward_failed(ep) for ep in group):
+                stats["data/reward_error_groups"] += 1
+                continue
             if not has_signal(group):
                 if len(group) > 1:  # a lone episode (rollout.n 1, e.g. PPO with a critic) is no zero-variance group
                     stats["data/zero_var_groups"] += 1
@@ -187,9 +193,10 @@ async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
 
 
 async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, engine, pad_token_id: int,
-                     critic=None, kl_ctrl=None) -> dict:
+                     critic=None, kl_ctrl=None, infra: InfraWatch | None = None) -> dict:
     """One RL step; returns its metrics. `critic`: the value model's group when `critic.enable`; `kl_ctrl`: the
-    reward-side KL coefficient when `algorithm.use_kl_in_reward`."""
+    reward-side KL coefficient when `algorithm.use_kl_in_reward`; `infra`: raises InfraFailureError after the
+    rollout, before anything is updated, when too many episodes failed for an infrastructure reason."""
     from agentrl.agent_loop.rollout import rollout_metrics
 
     alg = cfg.algorithm
@@ -199,6 +206,8 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
 
     with timed("timing/rollout_s", timing):
         episodes, data_stats, generated = await collect_episodes(rollout, sampler, cfg, step)
+    if infra is not None:
+        infra.check(step, generated)
     metrics = {**data_stats, **rollout_metrics(generated), **episode_metrics(episodes)}
     if not episodes:  # nothing trainable this step (all infra failures or all zero-variance): skip the update
         metrics["data/skipped_update"] = 1.0
@@ -393,6 +402,17 @@ def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, 
     return final
 
 
+def save_stop_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, *, critic=None,
+                         kl_ctrl=None) -> int | None:
+    """After an infrastructure stop: the step a rerun resumes after, `step` (the last one completed), saving its
+    checkpoint unless run_dir has one; None when no step was completed."""
+    if step < 1:
+        return None
+    if all(checkpoint_step(path) != step for path in list_checkpoints(cfg.trainer.run_dir)):
+        save_checkpoint(cfg, workers, sampler, step, critic=critic, kl_ctrl=kl_ctrl)
+    return step
+
+
 def _seed_everything(cfg: TrainConfig) -> TrainConfig:
     random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
@@ -432,12 +452,15 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         return {}
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sampler = TaskSampler(load_task_files(cfg.data.train_files), cfg.data.train_batch_size,
+    train_rows = load_task_files(cfg.data.train_files)
+    val_rows = load_task_files(cfg.data.val_files)[: cfg.data.val_batch_size]
+    sampler = TaskSampler([task for task, _ in train_rows], cfg.data.train_batch_size,
                           shuffle=cfg.data.shuffle, seed=cfg.data.seed)
-    val_tasks = load_task_files(cfg.data.val_files)[: cfg.data.val_batch_size] if cfg.data.val_files else []
+    val_tasks = [task for task, _ in val_rows]
     print(_header(cfg, len(sampler.tasks)), flush=True)
     for note in prepare_run_dir(cfg, start):
         print(note, flush=True)
+    log_line(run_dir, f"start after step {start.step}" + (f" ({start.checkpoint})" if start.checkpoint else ""))
 
     started_ray = start_ray(cfg.trainer.ray_address, cfg.trainer.ray_num_cpus)
     workers = critic = engine = tools = logger = None
@@ -476,10 +499,17 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         if val_tasks and cfg.trainer.test_freq and start.step == 0:
             logger.log(0, await validate(val_rollout, val_tasks, 0))
         metrics: dict[str, float] = {}
+        infra = InfraWatch(InfraLimits.of(cfg.trainer), services={b.name: b.where for b in tools.backends})
         for step in range(start.step + 1, cfg.trainer.total_steps + 1):
-            metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers, engine=engine,
-                                       pad_token_id=pad_token_id, critic=critic, kl_ctrl=kl_ctrl)
-            check_infra_failures(step, metrics, cfg.trainer.max_infra_failed_fraction)
+            sampler_at_start = sampler.state_dict()
+            try:
+                metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers,
+                                           engine=engine, pad_token_id=pad_token_id, critic=critic, kl_ctrl=kl_ctrl,
+                                           infra=infra)
+            except InfraFailureError as stop:  # raised before the step's update: keep the run as it was before it
+                sampler.load_state_dict(sampler_at_start)
+                done = save_stop_checkpoint(cfg, workers, sampler, step - 1, critic=critic, kl_ctrl=kl_ctrl)
+                raise resume_hint(stop, done, run_dir, auto=cfg.trainer.resume == "auto") from stop
             last = step == cfg.trainer.total_steps
             if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
                 metrics.update(await validate(val_rollout, val_tasks, step))
@@ -492,7 +522,11 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             out = write_hf_checkpoint(workers.full_state_dict(), cfg.model.path, run_dir / FINAL_MODEL_DIR)
             print(f"saved the trained policy to {out}", flush=True)
         mark_complete(run_dir, max(start.step, cfg.trainer.total_steps))
+        log_line(run_dir, f"complete at step {cfg.trainer.total_steps}")
         return metrics
+    except Exception as e:  # the console gets one line (agentrl.cli); the traceback goes to run_dir/train.log
+        log_failure(run_dir, e, train_rows + val_rows)
+        raise
     finally:
         if logger is not None:
             logger.close()
@@ -527,6 +561,7 @@ __all__ = [
     "rollout_correction",
     "run",
     "save_checkpoint",
+    "save_stop_checkpoint",
     "train",
     "train_step",
     "validate",

@@ -6,7 +6,7 @@ import pytest
 from scripted_engine import ScriptedEngine, model_turn
 
 from agentrl.agent_loop import AgentLoopConfig, RewardConfig, RolloutConfig, RolloutManager, rollout_metrics
-from agentrl.agent_loop.rewards import RewardSpecError
+from agentrl.agent_loop.rewards import RewardError, RewardSpecError
 from agentrl.agent_loop.rollout import read_episodes
 from agentrl.tools.errors import UnknownToolError
 from agentrl.types import Episode, Task
@@ -68,16 +68,30 @@ async def test_groups_order_rewards_concurrency_and_dump(tiny_tokenizer, registr
     assert m["rollout/reward_mean"] == 1.0 and m["rollout/finish_stop"] == 1.0 and m["rollout/turns_mean"] == 2.0
 
 
-async def test_raising_reward_marks_infra_error_not_zero(tiny_tokenizer, registry):
+async def test_a_raising_reward_stops_the_rollout_with_one_line_naming_it(tiny_tokenizer, registry):
     engine = ScriptedEngine(tiny_tokenizer, ["<answer>2</answer>"])
     manager = RolloutManager(engine, tiny_tokenizer, registry, AgentLoopConfig(), RolloutConfig(n=2),
                              RewardConfig())
+    task = Task(prompt=[{"role": "user", "content": "q"}], task_id="t7",
+                reward={"type": "tests_reward_fns:raising_reward"})
+    with pytest.raises(RewardError) as raised:  # not an ExceptionGroup: the user's error itself
+        await manager.generate([task])
+    assert str(raised.value).startswith("reward 'tests_reward_fns:raising_reward' raised RuntimeError: grader "
+                                        "crashed (tests_reward_fns.py:18) on task 't7'; fix the reward function")
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("mode", ["zero", "drop"])
+async def test_on_error_zero_or_drop_scores_zero_and_keeps_the_error(tiny_tokenizer, registry, mode):
+    engine = ScriptedEngine(tiny_tokenizer, ["<answer>2</answer>"])
+    manager = RolloutManager(engine, tiny_tokenizer, registry, AgentLoopConfig(), RolloutConfig(n=2),
+                             RewardConfig(on_error=mode))
     task = Task(prompt=[{"role": "user", "content": "q"}], reward={"type": "tests_reward_fns:raising_reward"})
     episodes = await manager.generate([task])
-    assert all(e.infra_error and e.reward == 0.0 for e in episodes)
-    assert "grader crashed" in episodes[0].metrics["reward_error"]
+    assert all(not e.infra_error and e.reward == 0.0 for e in episodes)  # a policy-side outcome, not infra
+    assert episodes[0].metrics["reward_error"] == "RuntimeError: grader crashed (tests_reward_fns.py:18)"
     m = rollout_metrics(episodes)
-    assert m["rollout/infra_error_rate"] == 1.0 and m["rollout/reward_errors"] == 2.0
+    assert m["rollout/infra_error_rate"] == 0.0 and m["rollout/reward_errors"] == 2.0
 
 
 async def test_infra_failed_episodes_are_not_scored(tiny_tokenizer, registry):

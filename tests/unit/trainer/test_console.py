@@ -68,3 +68,11 @@ def test_every_console_field_is_explained_once():
 def test_header_and_durations_read_plainly():
     assert run_header("train", {"run dir": "runs/x", "steps": 3}) == "train: run dir runs/x | steps 3"
     assert [format_duration(s) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]
+
+
+def test_a_step_with_infra_failures_is_marked():
+    console = StepConsole(total_steps=4)
+    assert " | infra 5/64 ! | " in console.lines(3, {"data/infra_failed": 5.0, "data/episodes_generated": 64.0,
+                                                      "timing/step_s": 1.0})[0]
+    assert " | infra 0/64 | " in console.lines(4, {"data/infra_failed": 0.0, "data/episodes_generated": 64.0,
+                                                   "timing/step_s": 1.0, "data/zero_var_groups": 0.0})[0]

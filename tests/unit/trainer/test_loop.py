@@ -7,7 +7,9 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.trainer.config import TrainConfig
-from agentrl.trainer.loop import InfraFailureError, TaskSampler, check_infra_failures, collect_episodes
+from agentrl.errors import InfraFailureError
+from agentrl.trainer.loop import TaskSampler, collect_episodes
+from agentrl.trainer.stops import InfraLimits, InfraWatch
 from agentrl.types import Episode, Task
 
 
@@ -26,12 +28,15 @@ class ScriptedRollout:
                 out.append(Episode(uid=f"step{step}-task{i}", prompt_ids=[1, 2], response_ids=[3], response_mask=[1],
                                    response_logprobs=[-1.0], messages=[], reward=task.extra["rewards"][k],
                                    infra_error=k in task.extra.get("infra", []), task_id=task.task_id))
+                if k in task.extra.get("reward_errors", []):  # reward.on_error zero / drop kept the episode
+                    out[-1].metrics["reward_error"] = "KeyError: 'answer' (my_rewards.py:3)"
         return out
 
 
-def task(name: str, rewards: list[float], infra: list[int] | None = None) -> Task:
+def task(name: str, rewards: list[float], infra: list[int] | None = None,
+         reward_errors: list[int] | None = None) -> Task:
     return Task(prompt=[{"role": "user", "content": name}], task_id=name,
-                extra={"rewards": rewards, "infra": infra or []})
+                extra={"rewards": rewards, "infra": infra or [], "reward_errors": reward_errors or []})
 
 
 def cfg(*overrides: str) -> TrainConfig:
@@ -53,15 +58,30 @@ async def test_infra_failed_episodes_are_dropped_and_counted():
 
 async def test_a_step_with_too_many_infra_failures_stops_the_run():
     tasks = [task("a", [1, 0, 1], infra=[1]), task("b", [0, 1, 0], infra=[0, 1, 2])]
-    _, stats, _ = await collect_episodes(ScriptedRollout(3), TaskSampler(tasks, 2, shuffle=False, seed=0), cfg(),
-                                         step=1)
-    check_infra_failures(1, stats, 1.0)  # the default: never stops (4 of 6 failed)
-    check_infra_failures(1, stats, 0.7)
-    with pytest.raises(InfraFailureError, match="step 1: 4 of 6 episodes failed"):
-        check_infra_failures(1, stats, 0.5)
-    assert cfg().trainer.max_infra_failed_fraction == 1.0
+    _, _, generated = await collect_episodes(ScriptedRollout(3), TaskSampler(tasks, 2, shuffle=False, seed=0), cfg(),
+                                             step=1)
+    InfraWatch(InfraLimits(1.0, 1.0, 0), services={}).check(1, generated)  # never stops (4 of 6 failed)
+    InfraWatch(InfraLimits(0.7, 1.0, 0), services={}).check(1, generated)
+    with pytest.raises(InfraFailureError, match="step 1: 4 of 6 episodes failed for an infrastructure reason, "
+                                                "more than trainer.max_infra_failed_fraction=0.5"):
+        InfraWatch(InfraLimits(0.5, 1.0, 0), services={}).check(1, generated)
+    t = cfg().trainer
+    assert (t.max_infra_failed_fraction, t.infra_streak_fraction, t.infra_streak_steps) == (0.5, 0.25, 3)
     with pytest.raises(ValueError, match="max_infra_failed_fraction"):
         cfg("trainer.max_infra_failed_fraction=1.5")
+    with pytest.raises(ValueError, match="infra_streak_steps must be >= 0"):
+        cfg("trainer.infra_streak_steps=-1")
+
+
+async def test_reward_on_error_drop_leaves_the_whole_group_out_and_zero_trains_it():
+    tasks = [task("a", [1, 0, 0], reward_errors=[1]), task("b", [0, 1, 0])]
+    episodes, stats, _ = await collect_episodes(ScriptedRollout(3), TaskSampler(tasks, 2, shuffle=False, seed=0),
+                                                cfg("reward.on_error=drop"), step=1)
+    assert [ep.task_id for ep in episodes] == ["b"] * 3
+    assert stats["data/reward_error_groups"] == 1 and stats["data/groups"] == 1
+    episodes, stats, _ = await collect_episodes(ScriptedRollout(3), TaskSampler(tasks, 2, shuffle=False, seed=0),
+                                                cfg("reward.on_error=zero"), step=1)
+    assert [ep.task_id for ep in episodes] == ["a"] * 3 + ["b"] * 3 and "data/reward_error_groups" not in stats
 
 
 async def test_zero_variance_groups_are_refilled_from_new_tasks():
