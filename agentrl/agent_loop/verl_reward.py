@@ -27,7 +27,6 @@ infra_error instead of scoring 0, and call-based tests (`fn_name`) are refused w
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import json
@@ -163,7 +162,9 @@ async def code_reward(task: Task, episode: Episode, config: RewardConfig) -> flo
         why = "no fenced code block" if text is not None else f"the episode did not finish ({episode.finish_reason})"
         episode.metrics["reward_info"] = {"score": 0.0, "passed": 0, "total": len(cases), "error": why}
         return 0.0
-    results = await asyncio.gather(*(_run_case(task, episode, config, case) for case in cases))
+    # one case at a time, as stdin_stdout runs its cases: episodes already fill the sandbox (rollout concurrency),
+    # and ten runs at once per episode would overload it into infra errors
+    results = [await _run_case(task, episode, config, case) for case in cases]
     passed = sum(1 for reward, _ in results if reward == 1.0)
     score = passed / len(cases)
     episode.metrics["reward_info"] = {"score": score, "passed": passed, "total": len(cases),
