@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import inspect
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from pathlib import Path
+from typing import Any, Callable, Literal, get_args
 
 from agentrl.agent_loop.parsers import PARSERS
 from agentrl.config import ConfigError, import_object
@@ -88,6 +91,50 @@ REWARD_ON_ERROR = get_args(RewardOnError)  # reward.on_error values
 
 
 @dataclass
+class CustomRewardFunctionConfig:
+    """`reward.custom_reward_function` (verl's key): a function in a Python file that scores every row in verl's
+    format instead of the data_source routing, called as verl calls it: fn(data_source=..., solution_str=...,
+    ground_truth=..., extra_info=..., **reward_kwargs) -> float or {"score": float, ...}; may be async.
+    Loaded and checked at config load (`agentrl.agent_loop.verl_reward`)."""
+
+    path: str | None = None  # the .py file; null: verl rows are scored by their data_source
+    name: str = "compute_score"  # the function in that file
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keywords, over the call's own
+
+    def __post_init__(self) -> None:
+        if self.path is not None:
+            fn = load_custom_reward_function(self.path, self.name)
+            try:
+                inspect.signature(fn).bind(data_source="", solution_str="", ground_truth="", extra_info={},
+                                           **self.reward_kwargs)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{self.name} in {self.path} must accept "
+                                  f"(data_source, solution_str, ground_truth, extra_info) as keywords: {e}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def load_custom_reward_function(path: str, name: str) -> Callable:
+    """Function `name` of the Python file `path` (run once per process); ConfigError naming the file and the fix
+    (raised while `reward.custom_reward_function` loads, which prefixes that key)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"path {path} does not exist; give the .py file that defines your reward function")
+    spec = importlib.util.spec_from_file_location(f"agentrl_custom_reward_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"path {path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except (SyntaxError, ImportError) as e:
+        raise ConfigError(f"cannot load {path} ({type(e).__name__}: {e})") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"{path} defines no function {name!r}; set reward.custom_reward_function.name to the "
+                          "function's name")
+    return fn
+
+
+@dataclass
 class RewardConfig:
     """How episodes are scored (`agentrl.agent_loop.rewards`).
 
@@ -101,6 +148,9 @@ class RewardConfig:
     `on_error`: what happens when the reward code itself raises (a bug in the grader, not a sandbox fault, which
     is an infrastructure failure): "raise" stops at the first one (`rewards.RewardError`); "zero" scores the
     episode 0 (a policy failure) and trains on it; "drop" leaves the episode's whole group out of the step.
+    Rows in verl's format (`reward_model`) have reward type "verl": `verl_reward_type` "verl" scores each as
+    verl's default_compute_score does, by its data_source; another reward type (exact_match, numeric, a
+    reward.custom name, module:fn) scores them all; `custom_reward_function` (verl's key) overrides both.
     """
 
     answer_from: Literal["answer_tag", "answer_tag_strict", "final_text"] = "answer_tag"
@@ -111,6 +161,8 @@ class RewardConfig:
     # running again (`rewards.VerdictCache`); false runs every copy
     reuse_verdicts: bool = True
     custom: dict[str, str] = field(default_factory=dict)
+    verl_reward_type: str = "verl"
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     on_error: RewardOnError = "raise"
 
@@ -136,5 +188,5 @@ def check_reward_fn(fn, what: str) -> None:
         raise ConfigError(f"{what} must accept (task, episode, config): {e}") from None
 
 
-__all__ = ["AgentLoopConfig", "OverlongBufferConfig", "REWARD_ON_ERROR", "RolloutConfig", "RewardConfig",
-           "check_reward_fn"]
+__all__ = ["AgentLoopConfig", "CustomRewardFunctionConfig", "OverlongBufferConfig", "REWARD_ON_ERROR", "RolloutConfig",
+           "RewardConfig", "check_reward_fn", "load_custom_reward_function"]

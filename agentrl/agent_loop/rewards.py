@@ -304,6 +304,9 @@ def resolve_reward_fn(spec: dict, config: RewardConfig, where: str = "task") -> 
     if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
         raise RewardSpecError(f"{where}: reward must be a mapping with a 'type' string, got {spec!r}")
     kind = spec["type"]
+    if kind == "verl":  # a row in verl's format, scored as verl scores it (imported here: that module imports this)
+        from agentrl.agent_loop.verl_reward import resolve_verl_reward
+        return resolve_verl_reward(spec, config, where)
     if kind in REWARDS:
         missing = [f for f in _REQUIRED_FIELDS[kind] if f not in spec]
         if missing:

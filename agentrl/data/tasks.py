@@ -6,7 +6,9 @@ Project row:
 verl-style row (as written by verl's data preprocessing):
     {"prompt": [messages], "data_source": str, "reward_model": {"style": "rule", "ground_truth": ...},
      "extra_info": {"index": ..., "tools_kwargs": {...}, ...}, "agent_name": "tool_agent", "ability": ...}
-    -> reward {"type": `verl_reward_type` (default "exact_match"), "ground_truth": ...}; tools_kwargs from
+    -> reward {"type": "verl", "ground_truth": ..., "data_source": ...}: scored as verl scores that data_source,
+    or as reward.verl_reward_type / reward.custom_reward_function say (`agentrl.agent_loop.verl_reward`);
+    `reward_model.style` must be "rule" (agentrl has no reward model); tools_kwargs from
     extra_info.tools_kwargs, each tool's "create_kwargs" unwrapped (they build the tool's per-episode state);
     tools: the row's own "tools" list if it has one, else the tools_kwargs keys (verl passes kwargs to exactly
     the tools an episode uses), else None (every configured tool); extra_info, agent_name and ability are kept
@@ -38,7 +40,7 @@ class TaskFileNotFoundError(UserError, FileNotFoundError):
 
 
 def read_tasks(path: str | Path, *,
-               verl_reward_type: str = "exact_match") -> Iterator[tuple[int, Task | TaskFormatError]]:
+               verl_reward_type: str = "verl") -> Iterator[tuple[int, Task | TaskFormatError]]:
     """(1-based row number, Task or the TaskFormatError of that row) for every row of a .jsonl or .parquet file.
 
     Raises TaskFileNotFoundError for a missing file and TaskFormatError for a file that cannot be read at all."""
@@ -55,8 +57,10 @@ def read_tasks(path: str | Path, *,
             yield number, e
 
 
-def load_tasks(path: str | Path, *, verl_reward_type: str = "exact_match", limit: int | None = None) -> list[Task]:
-    """Read every row of a .jsonl/.json-lines or .parquet file as a Task (the first `limit` rows if given)."""
+def load_tasks(path: str | Path, *, verl_reward_type: str = "verl", limit: int | None = None) -> list[Task]:
+    """Read every row of a .jsonl/.json-lines or .parquet file as a Task (the first `limit` rows if given).
+
+    `verl_reward_type`: the reward type verl rows get ("verl": by data_source, under the run's reward config)."""
     tasks = []
     for _, item in read_tasks(path, verl_reward_type=verl_reward_type):
         if limit is not None and len(tasks) >= limit:
@@ -94,7 +98,7 @@ def _read_parquet(p: Path) -> Iterator[tuple[int, Any]]:
     yield from enumerate(rows, start=1)
 
 
-def task_from_row(row: Any, *, where: str = "row", verl_reward_type: str = "exact_match") -> Task:
+def task_from_row(row: Any, *, where: str = "row", verl_reward_type: str = "verl") -> Task:
     """One row (dict) -> Task; `where` prefixes every error ("file:row N")."""
     if not isinstance(row, dict):
         raise TaskFormatError(f"{where}: a task row must be a JSON object, got {type(row).__name__}")
@@ -127,6 +131,10 @@ def _verl_row(row: dict, where: str, reward_type: str) -> Task:
     spec = row["reward_model"]
     if not isinstance(spec, dict) or "ground_truth" not in spec:
         raise TaskFormatError(f"{where}: verl field 'reward_model' must be an object with 'ground_truth', got {spec!r}")
+    if spec.get("style") not in (None, "rule"):
+        raise TaskFormatError(f"{where}: verl field 'reward_model.style' is {spec['style']!r}; agentrl scores verl "
+                              "rows by rule and has no reward model: set it to 'rule' and pick the score with "
+                              "reward.verl_reward_type or reward.custom_reward_function")
     extra_info = row.get("extra_info") or {}
     if not isinstance(extra_info, dict):
         raise TaskFormatError(f"{where}: verl field 'extra_info' must be an object, got {type(extra_info).__name__}")
@@ -145,9 +153,12 @@ def _verl_row(row: dict, where: str, reward_type: str) -> Task:
         if key in row:
             extra[key] = row[key]
     source = _str_field(row, "data_source", where, default="unknown")
+    reward = {"type": reward_type, "ground_truth": spec["ground_truth"]}
+    if reward_type == "verl":
+        reward["data_source"] = source
     return Task(
         prompt=_messages(row, where),
-        reward={"type": reward_type, "ground_truth": spec["ground_truth"]},
+        reward=reward,
         tools=tools,
         data_source=source,
         tools_kwargs=tools_kwargs,

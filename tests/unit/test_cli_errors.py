@@ -45,7 +45,7 @@ def verl_parquet(path: Path, tool: str, n: int = 3) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"data_source": "gsm8k", "prompt": VERL_PROMPT, "ability": "math", "agent_name": "tool_agent",
+    rows = [{"data_source": "openai/gsm8k", "prompt": VERL_PROMPT, "ability": "math", "agent_name": "tool_agent",
              "reward_model": {"style": "rule", "ground_truth": "84"},
              "extra_info": {"index": i, "split": "train",
                             "tools_kwargs": {tool: {"create_kwargs": {"ground_truth": "84"}}}}}

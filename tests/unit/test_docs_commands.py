@@ -59,7 +59,8 @@ PARSED_ONLY = {
                "script exists and passes bash -n",
     ("pip", "install"): "needs the network; here every extra it names exists in pyproject.toml",
 }
-# Stand-ins for the reader's own files that a page names without producing: written as verl parquet rows.
+# Stand-ins for the reader's own files that a page names without producing: written as verl parquet rows (of a
+# data_source verl scores, as verl's preprocessing writes them).
 USER_FILES = ("data/train.parquet", "data/test.parquet")
 NOT_PATHS = {"Qwen/Qwen2.5-3B-Instruct"}  # Hugging Face model ids, not files
 SERVICE_HEALTH = {("agentrl", "tools", "serve"): "/health", ("agentrl", "sandbox", "serve"): "/v1/ping",
@@ -220,7 +221,7 @@ def make_workspace(root: Path) -> Workspace:
 
     for name in COPIED_DIRS:
         shutil.copytree(REPO_ROOT / name, root / name)
-    rows = [{"data_source": "my_data", "prompt": [{"role": "user", "content": f"What is {a} * 7?"}],
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {a} * 7?"}],
              "reward_model": {"style": "rule", "ground_truth": str(a * 7)},
              "extra_info": {"index": i, "tools_kwargs": {"calculator": {"create_kwargs": {"expected": str(a * 7)}}}},
              "agent_name": "tool_agent"} for i, a in enumerate((12, 31, 45))]

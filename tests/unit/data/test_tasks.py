@@ -57,7 +57,7 @@ def test_parquet_rows_both_styles(tmp_path):
     assert len(tasks) == 1 and tasks[0].reward["ground_truth"] == "4" and tasks[0].prompt == ROW["prompt"]
     vpath = tmp_path / "v.parquet"
     pq.write_table(pa.Table.from_pylist([VERL_ROW]), vpath)
-    assert load_tasks(vpath)[0].reward == {"type": "exact_match", "ground_truth": "2"}
+    assert load_tasks(vpath)[0].reward == {"type": "verl", "ground_truth": "2", "data_source": "gsm8k"}
 
 
 @pytest.mark.parametrize("mutate,message", [
