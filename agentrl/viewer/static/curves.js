@@ -42,12 +42,14 @@ function niceAxis(lo, hi, count, { integer = false } = {}) {
   return { lo: start, hi: end, step, ticks };
 }
 
-// a tick label: as many decimals as the step needs; 12k for large numbers, 2e-6 for tiny steps
-function tickLabel(v, step) {
+// a tick label of `axis`: as many decimals as its step needs; thousands as 12k on an axis that reaches 10,000;
+// 1.5e-6 on an axis whose step is below 1e-4
+function tickLabel(v, axis) {
+  const step = axis.step;
   if (Math.abs(v) < step * 1e-6) return "0";
-  if (step >= 1000 && Math.abs(v) >= 10000) return `${v / 1000}k`;  // a step of 1000 or more: whole thousands
+  if (step >= 1000 && Math.max(...axis.ticks.map(Math.abs)) >= 10000) return `${v / 1000}k`;  // whole thousands
   const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
-  if (decimals > 4) return v.toExponential(Math.max(0, Math.round(Math.log10(Math.abs(v) / step))));
+  if (decimals > 4) return v.toExponential(Math.max(0, Math.floor(Math.log10(Math.abs(v))) - Math.floor(Math.log10(step))));
   return v.toFixed(decimals);
 }
 
@@ -75,13 +77,9 @@ function chart(panel, window) {
   const series = panel.series.map((s, i) => ({ ...s, colour: COLOURS[i % COLOURS.length], pts: points(s.key) }))
     .filter(s => s.pts.length);
   const heldOut = points(panel.held_out.key);
+  if (!series.length) return null;
   const box = h("div", { class: "chart", "data-key": panel.key }, h("h4", {}, panel.title,
     h("span", { class: "muted" }, ` · ${panel.key}`)));
-  if (!series.length) {
-    box.classList.add("empty");
-    box.append(h("div", { class: "muted nodata" }, `not logged by this run (no ${panel.key} in metrics.jsonl)`));
-    return box;
-  }
   const all = series.flatMap(s => s.pts).concat(heldOut);
   const W = 440, H = 230, L = 56, R = 12, T = 10, B = 38;
   const xa = niceAxis(Math.min(...all.map(p => p[0])), Math.max(...all.map(p => p[0])), 6, { integer: true });
@@ -92,11 +90,11 @@ function chart(panel, window) {
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   for (const t of ya.ticks) {
     svgEl(svg, "line", { class: "grid", x1: L, x2: W - R, y1: sy(t), y2: sy(t) });
-    svgEl(svg, "text", { class: "tick y", x: L - 5, y: sy(t) + 3.5, "text-anchor": "end" }, tickLabel(t, ya.step));
+    svgEl(svg, "text", { class: "tick y", x: L - 5, y: sy(t) + 3.5, "text-anchor": "end" }, tickLabel(t, ya));
   }
   for (const t of xa.ticks) {
     svgEl(svg, "line", { class: "grid", x1: sx(t), x2: sx(t), y1: T, y2: H - B });
-    svgEl(svg, "text", { class: "tick x", x: sx(t), y: H - B + 14, "text-anchor": "middle" }, tickLabel(t, xa.step));
+    svgEl(svg, "text", { class: "tick x", x: sx(t), y: H - B + 14, "text-anchor": "middle" }, tickLabel(t, xa));
   }
   svgEl(svg, "line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B });
   svgEl(svg, "line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B });
@@ -151,6 +149,7 @@ async function showCurves() {
   if (data.total < metricRows.length) metricRows = [];
   metricRows = metricRows.concat(data.rows);
   const charts = curvePanels.panels.map(p => chart(p, curvePanels.window));
+  const missing = curvePanels.panels.filter((p, i) => charts[i] === null).map(p => `${p.title} (${p.key})`);
   const steps = metricRows.map(r => r.step);
   app.replaceChildren(
     h("div", { class: "summary", id: "curves-status" },
@@ -159,6 +158,8 @@ async function showCurves() {
       `value in each legend is the latest one); faint line: the raw value of every step; `,
       h("span", { class: "diamond" }, "◆"), " held-out (validation) values, where the run logs them"),
     metricRows.length ? h("div", { class: "charts", id: "charts" }, charts)
-                      : h("div", { class: "muted" }, "no metrics.jsonl rows yet"));
+                      : h("div", { class: "muted" }, "no metrics.jsonl rows yet"),
+    metricRows.length && missing.length
+      ? h("div", { class: "muted", id: "curves-missing" }, `not logged by this run: ${missing.join(", ")}`) : null);
   if (!data.complete) schedule(render, 5000);
 }

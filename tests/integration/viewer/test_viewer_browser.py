@@ -82,6 +82,13 @@ def test_episode_page_colours_exactly_the_policy_tokens(browser, viewer_url, rec
     page.wait_for_selector("#group .panel")
     assert page.locator("#group .panel").count() == sum(
         r["uid"] == rows[target]["uid"] and r["step"] == rows[target]["step"] for r in rows)
+
+    page.goto(f"{viewer_url}/#/curves")  # two steps, no COMPLETE file: a live run
+    page.wait_for_selector("#charts .chart svg")
+    assert "live: refreshing every 5 s" in page.inner_text("#curves-status")
+    assert page.locator('#charts .chart[data-key="reward/mean"] polyline.smooth').count() == 1
+    assert "KL (actor/ppo_kl)" in page.inner_text("#curves-missing")  # the recorded run did no update
+    page.screenshot(path=str(shots / "viewer-curves-two-steps.png"), full_page=True)
 def _curves_run(run_dir: Path, steps: int = 200, test_freq: int = 20) -> Path:
     """A finished 200-step run's metrics.jsonl (written by MetricsLogger) and config.yaml: noisy rising reward,
     validation every `test_freq` steps, a drift that stays exactly 0 and a KL of a few 1e-4."""
@@ -142,7 +149,8 @@ def test_curves_page_is_smoothed_labelled_and_marks_held_out(browser, tmp_path, 
         assert success.locator("g.held-out path").count() == 11  # step 0 and every 20 steps
         assert "held-out pass@1 (greedy, every 20 steps)" in success.inner_text()
         assert page.locator('#charts .chart[data-key="actor/ppo_kl"] polyline.smooth').count() == 2  # + actor/kl
-        for chart in page.locator("#charts .chart:not(.empty)").all():
+        assert page.locator("#curves-missing").count() == 0  # this run logs every panel's metric
+        for chart in page.locator("#charts .chart").all():
             key = chart.get_attribute("data-key")
             y_ticks = chart.locator("text.tick.y").all_text_contents()
             x_ticks = chart.locator("text.tick.x").all_text_contents()
