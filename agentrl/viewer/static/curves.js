@@ -49,7 +49,10 @@ function tickLabel(v, axis) {
   if (Math.abs(v) < step * 1e-6) return "0";
   if (step >= 1000 && Math.max(...axis.ticks.map(Math.abs)) >= 10000) return `${v / 1000}k`;  // whole thousands
   const decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
-  if (decimals > 4) return v.toExponential(Math.max(0, Math.floor(Math.log10(Math.abs(v))) - Math.floor(Math.log10(step))));
+  if (decimals > 4) {
+    const digits = Math.floor(Math.log10(Math.abs(v))) - Math.floor(Math.log10(step));  // what tells ticks apart
+    return v.toExponential(Math.max(0, digits));
+  }
   return v.toFixed(decimals);
 }
 
