@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.errors import UserError
+from agentrl.trainer.curve_panels import CURVE_PANELS, REFERENCE_KL, SMOOTHING_WINDOW, moving_average
 
 
 @dataclass
@@ -276,31 +277,8 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
     return load_config(TrainConfig, data=to_dict(cfg), overrides=s.rl_overrides)
 
 
-def moving_average(values: list[float], window: int) -> list[float]:
-    """Trailing mean over the last `window` values (fewer at the start), same length as `values`."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
-
-
-# (title, source, metrics.jsonl key, legend label, y-axis label)
-CURVE_PANELS = [
-    ("SFT loss", "sft", "sft_loss", "token-mean NLL", "nats per assistant token"),
-    ("GRPO train reward", "grpo", "reward/mean", "mean reward per episode", "reward (0-1)"),
-    ("GRPO success", "grpo", "reward/success_rate", "train episodes with full reward", "fraction of episodes"),
-    ("KL", "grpo", "actor/ppo_kl", "ppo_kl: update vs the rollout's old policy", "nats per token"),
-    ("entropy", "grpo", "actor/entropy", "policy entropy on sampled tokens", "nats per token"),
-    ("response length", "grpo", "episode/model_tokens_mean", "model tokens per episode", "tokens"),
-]
-REFERENCE_KL = ("actor/kl", "actor/kl: policy vs the reference (SFT) model")
-
-
 def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path, *, heldout: dict[str, float] | None = None,
-                window: int = 10) -> None:
+                window: int = SMOOTHING_WINDOW) -> None:
     """curves.png: every per-step metric as a faint raw line with a `window`-step moving average on top; the
     success panel also marks the held-out figures (`heldout`: label -> fraction; greedy pass@1 after SFT and
     after GRPO, then optionally the same two sampled at the rollouts' temperature); the KL
@@ -324,10 +302,11 @@ def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path, *, heldout: dict[str, 
         ax.plot(steps, moving_average(list(values), window), color=color, linewidth=2,
                 label=f"{label} ({window}-step mean)" if len(values) > 1 else label)
 
-    for ax, (title, source, key, label, unit) in zip(axes.flat, CURVE_PANELS):
+    for ax, panel in zip(axes.flat, CURVE_PANELS):
+        key, source = panel.key, panel.source
         points = [(r["step"], r[key]) for r in data[source] if key in r]
         if points:
-            draw(ax, points, label, "tab:blue")
+            draw(ax, points, panel.label, "tab:blue")
         else:
             ax.text(0.5, 0.5, f"no '{key}' logged", ha="center", va="center", transform=ax.transAxes)
         if key == "actor/ppo_kl":
@@ -341,9 +320,9 @@ def plot_curves(sft_dir: Path, grpo_dir: Path, out: Path, *, heldout: dict[str, 
             styles = [("tab:gray", "--"), ("tab:green", "--"), ("tab:gray", ":"), ("tab:green", ":")]
             for (name, value), (color, style) in zip(heldout.items(), styles):
                 ax.axhline(value, color=color, linestyle=style, linewidth=1.5, label=f"held-out {name}: {value:.1%}")
-        ax.set_title(title)
-        ax.set_xlabel("SFT optimizer step" if source == "sft" else "GRPO step")
-        ax.set_ylabel(unit)
+        ax.set_title(panel.title)
+        ax.set_xlabel(panel.x_label)
+        ax.set_ylabel(panel.unit)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="best")

@@ -7,8 +7,9 @@ from pathlib import Path
 
 VIEW_HELP = """Serve a web page over a run directory (training run or `agentrl eval` output): steps, groups and
 episodes with filters and search, each episode's tokens coloured by response_mask (hover: token id, rollout and
-trainer logprob), its tool calls, a group's episodes side by side, and the run's curves (refreshed while the
-run is live). Everything is served from this machine; the page needs no internet access."""
+trainer logprob), its tool calls, a group's episodes side by side; a training run's curves (smoothed, with
+held-out marks; refreshed while the run is live), an evaluation's report and `--compare` results as tables.
+Everything is served from this machine; the page needs no internet access."""
 
 REPLAY_HELP = """Re-run one recorded episode's agent loop on the embedded engine with its recorded sampling seeds
 and tool responses (no tool services needed) and report whether the tokens are identical, or the first token

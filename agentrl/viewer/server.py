@@ -7,7 +7,9 @@ over a JSON API that pages on the server.
     GET /api/episode/{row}               one episode: tokens (kind, id, rollout and trainer logprobs), tool calls
     GET /api/group/{step}/{uid}          the n episodes of one prompt, side by side
     GET /api/metrics?since=K             metrics.jsonl rows from row K on (the page polls it on a live run)
-    GET /api/eval                        eval.json of an evaluation directory
+    GET /api/curves                      the curve panels: metrics, titles, units, held-out labels (curves.py)
+    GET /api/eval                        an evaluation directory's report and comparison as tables (evalview.py)
+    GET /api/eval/pass_at_k.png          its pass@k plot, when `agentrl eval` drew one
 
 Filters: step_min, step_max, data_source, reward_min, reward_max, finish_reason, error_kind, zero_variance, q.
 """
@@ -24,6 +26,8 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from agentrl.trainer.metrics import METRICS_FILE
+from agentrl.viewer.curves import curve_panels
+from agentrl.viewer.evalview import PASS_AT_K_PNG, eval_page
 from agentrl.viewer.index import Filters, RunIndex
 from agentrl.viewer.tokens import episode_tokens, load_tokenizer, tokenizer_dir
 
@@ -171,16 +175,28 @@ def create_app(run_dir: str | Path, *, tokenizer_path: str | Path | None = None)
                     if line.strip():
                         metrics_rows.append(json.loads(line))
         return {"rows": metrics_rows[since:], "total": len(metrics_rows),
-                "complete": (run_dir / "COMPLETE").exists()}
+                "complete": (run_dir / "COMPLETE").exists(),
+                "age_s": time.time() - path.stat().st_mtime if path.is_file() else None}
+
+    @app.get("/api/curves")
+    def curves() -> dict:
+        return curve_panels(run_dir)
+
+    def eval_dir() -> Path:
+        if not (run_dir / "eval.json").is_file():
+            raise HTTPException(404, f"{run_dir / 'eval.json'} does not exist (not an `agentrl eval` output directory)")
+        return run_dir
 
     @app.get("/api/eval")
     def eval_record() -> dict:
-        path = run_dir / "eval.json"
+        return eval_page(eval_dir())
+
+    @app.get("/api/eval/pass_at_k.png")
+    def eval_pass_at_k() -> FileResponse:
+        path = eval_dir() / PASS_AT_K_PNG
         if not path.is_file():
-            raise HTTPException(404, f"{path} does not exist (not an `agentrl eval` output directory)")
-        record = json.loads(path.read_text())
-        record.pop("tasks", None)  # per-task rows are in the episode list
-        return record
+            raise HTTPException(404, f"{path} does not exist: `agentrl eval` draws it when --n is above 1")
+        return FileResponse(path)
 
     return app
 

@@ -98,7 +98,7 @@ def test_the_commit_is_known_in_a_checkout_and_said_to_be_unknown_outside(tmp_pa
 
 
 def test_moving_average_is_a_trailing_mean():
-    from agentrl.quickstart import moving_average
+    from agentrl.trainer.curve_panels import moving_average
 
     assert moving_average([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.0, 1.5, 2.5, 3.5, 4.5]
     assert moving_average([], 3) == [] and moving_average([2.0], 10) == [2.0]

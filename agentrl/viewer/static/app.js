@@ -1,5 +1,6 @@
 // agentrl view: the single-page client. Hash routes: #/ (groups), #/infra, #/episode/ROW, #/group/STEP/UID,
-// #/curves. Everything is fetched from the JSON API of agentrl/viewer/server.py; nothing from the internet.
+// #/curves (training runs: curves.js), #/summary (eval directories: evalview.js). Everything is fetched from the
+// JSON API of agentrl/viewer/server.py; nothing from the internet.
 "use strict";
 
 const app = document.getElementById("app");
@@ -31,6 +32,11 @@ function fmt(x, digits = 3) {
   if (x === null || x === undefined) return "–";
   if (typeof x !== "number") return String(x);
   return Number.isInteger(x) ? String(x) : x.toFixed(digits);
+}
+
+// an `agentrl eval` directory: no training steps, advantages, trainer logprobs or group variance to show
+function isEval() {
+  return runInfo.kind === "eval";
 }
 
 function rewardCell(r) {
@@ -69,13 +75,13 @@ function filterForm(onChange, { rewards = true } = {}) {
   const q = h("input", { type: "search", name: "q", placeholder: "text in transcripts", size: 24 });
   q.value = filterState.q || "";
   const form = h("form", { class: "filters" },
-    h("label", {}, "step ≥", num("step_min", 1)), h("label", {}, "step ≤", num("step_max", 1)),
+    isEval() ? null : [h("label", {}, "step ≥", num("step_min", 1)), h("label", {}, "step ≤", num("step_max", 1))],
     h("label", {}, "data source", select("data_source", runInfo.data_sources)),
     rewards ? h("label", {}, "reward ≥", num("reward_min")) : null,
     rewards ? h("label", {}, "reward ≤", num("reward_max")) : null,
     h("label", {}, "finish reason", select("finish_reason", runInfo.finish_reasons)),
     h("label", {}, "tool error", select("error_kind", runInfo.error_kinds)),
-    rewards ? h("label", {}, "zero-variance groups", zv) : null,
+    rewards && !isEval() ? h("label", {}, "zero-variance groups", zv) : null,
     h("label", {}, "search", q),
     h("button", { type: "submit" }, "apply"));
   form.addEventListener("submit", ev => {
@@ -93,24 +99,29 @@ function filterForm(onChange, { rewards = true } = {}) {
 async function showGroups() {
   const size = 20;
   const data = await api(`/api/groups?${query({ page, size })}`);
+  const ev = isEval();
+  // an eval directory: one group per task (its n samples); no step, advantage or reward spread to show
   const table = h("table", { id: "groups" },
-    h("tr", {}, ["step", "group / episode", "task", "source", "reward", "advantage", "finish", "turns",
-                 "tool calls", "errors", "tokens (policy)"].map(t => h("th", {}, t))));
+    h("tr", {}, [ev ? null : "step", ev ? "task / sample" : "group / episode", ev ? null : "task", "source", "reward",
+                 ev ? null : "advantage", "finish", "turns", "tool calls", "errors", "tokens (policy)"]
+      .filter(t => t !== null).map(t => h("th", {}, t))));
   for (const g of data.groups) {
     table.append(h("tr", { class: "group-row" },
-      h("td", {}, g.step),
-      h("td", {}, h("a", { href: `#/group/${g.step}/${encodeURIComponent(g.uid)}` }, g.uid),
-        " ", g.zero_variance ? h("span", { class: "badge zv" }, "zero variance") : null,
+      ev ? null : h("td", {}, g.step),
+      h("td", {}, h("a", { href: `#/group/${g.step}/${encodeURIComponent(g.uid)}` }, ev ? g.task_id : g.uid),
+        " ", !ev && g.zero_variance ? h("span", { class: "badge zv" }, "zero variance") : null,
         g.infra_errors ? h("span", { class: "badge err" }, `${g.infra_errors} infra`) : null),
-      h("td", {}, g.task_id), h("td", {}, g.data_source),
-      h("td", {}, `${fmt(g.reward_mean)} ± ${fmt(g.reward_std)}`),
-      h("td", { colspan: 6 }, `${g.episodes.length} of ${g.size} episodes shown`)));
+      ev ? null : h("td", {}, g.task_id), h("td", {}, g.data_source),
+      h("td", {}, ev ? `mean ${fmt(g.reward_mean)}`
+                     : `${fmt(g.reward_mean)} ± ${fmt(g.reward_std)}`),
+      h("td", { colspan: ev ? 5 : 6 }, `${g.episodes.length} of ${g.size} ${ev ? "samples" : "episodes"} shown`)));
     for (const e of g.episodes) {
       table.append(h("tr", { class: "episode-row", "data-row": e.row,
                              onclick: () => { location.hash = `#/episode/${e.row}`; } },
-        h("td", {}, ""), h("td", {}, h("a", { href: `#/episode/${e.row}` }, `#${e.sample_index}`),
-                             h("span", { class: "muted" }, ` ${e.episode_id}`)),
-        h("td", {}, ""), h("td", {}, ""), rewardCell(e.reward), h("td", {}, fmt(e.advantage)),
+        ev ? null : h("td", {}, ""),
+        h("td", {}, h("a", { href: `#/episode/${e.row}` }, `#${e.sample_index}`),
+          h("span", { class: "muted" }, ` ${e.episode_id}`)),
+        ev ? null : h("td", {}, ""), h("td", {}, ""), rewardCell(e.reward), ev ? null : h("td", {}, fmt(e.advantage)),
         h("td", {}, e.finish_reason), h("td", {}, e.num_turns), h("td", {}, e.num_tool_calls),
         h("td", {}, e.error_kinds.map(k => h("span", { class: "badge err" }, k))),
         h("td", {}, `${e.response_tokens} (${e.policy_tokens})`)));
@@ -124,7 +135,8 @@ async function showGroups() {
   app.replaceChildren(
     filterForm(render),
     h("div", { class: "summary", id: "summary" },
-      `${data.total_groups} groups, ${data.total_episodes} matching episodes`,
+      ev ? `${data.total_groups} tasks, ${data.total_episodes} matching samples`
+         : `${data.total_groups} groups, ${data.total_episodes} matching episodes`,
       data.indexing ? " (still indexing the run…)" : ""),
     pager, table);
   if (data.indexing) schedule(render, 1000);
@@ -133,15 +145,17 @@ async function showGroups() {
 async function showInfra() {
   const data = await api(`/api/infra?${query({ page: 0, size: 200 })}`);
   const table = h("table", { id: "infra" },
-    h("tr", {}, ["step", "episode", "task", "finish", "stop detail", "what failed"].map(t => h("th", {}, t))));
+    h("tr", {}, [isEval() ? null : "step", "episode", "task", "finish", "stop detail", "what failed"]
+      .filter(t => t !== null).map(t => h("th", {}, t))));
   for (const e of data.episodes) {
     table.append(h("tr", { class: "episode-row", onclick: () => { location.hash = `#/episode/${e.row}`; } },
-      h("td", {}, e.step), h("td", {}, h("a", { href: `#/episode/${e.row}` }, e.episode_id)),
+      isEval() ? null : h("td", {}, e.step), h("td", {}, h("a", { href: `#/episode/${e.row}` }, e.episode_id)),
       h("td", {}, e.task_id), h("td", {}, e.finish_reason), h("td", {}, e.stop_detail || ""),
       h("td", {}, e.infra_detail || "")));
   }
   app.replaceChildren(filterForm(render, { rewards: false }),
-    h("div", { class: "summary" }, `${data.total} infra-error episodes (not trained on, not in group statistics)`),
+    h("div", { class: "summary" }, `${data.total} infra-error episodes ` +
+      (isEval() ? "(excluded from the success rates)" : "(not trained on, not in group statistics)")),
     table);
 }
 
@@ -164,6 +178,7 @@ function tokenTip(tok) {
   const lines = [`token ${tok.i}  id ${tok.id}  ${tok.kind}${tok.turn >= 0 ? `  turn ${tok.turn}` : ""}`];
   if (tok.kind === "policy") {
     lines.push(`rollout logprob  ${fmt(tok.lp, 5)}`);
+    if (isEval()) return lines.join("\n");
     lines.push(`trainer logprob  ${fmt(tok.tlp, 5)}`);
     if (tok.tlp !== null && tok.tlp !== undefined) lines.push(`difference       ${fmt(tok.lp - tok.tlp, 5)}`);
   }
@@ -210,9 +225,9 @@ async function showEpisode(row) {
   box.addEventListener("mouseleave", () => { tip.hidden = true; });
   const modes = h("select", { id: "colour-mode", onchange: ev => { colourMode = ev.target.value; renderTokens(box, data); } },
     h("option", { value: "mask" }, "colour by response_mask"),
-    h("option", { value: "advantage" }, "colour by advantage"),
-    h("option", { value: "drift" }, "colour by drift |rollout − trainer logprob|"));
-  modes.value = colourMode;
+    isEval() ? null : h("option", { value: "advantage" }, "colour by advantage"),
+    isEval() ? null : h("option", { value: "drift" }, "colour by drift |rollout − trainer logprob|"));
+  modes.value = isEval() ? "mask" : colourMode;
   const promptToggle = h("label", {}, h("input", { type: "checkbox", id: "show-prompt",
     onchange: ev => box.classList.toggle("collapsed-prompt", !ev.target.checked) }), " show prompt tokens");
   const counts = { policy: 0, observation: 0, glue: 0 };
@@ -221,15 +236,16 @@ async function showEpisode(row) {
   app.replaceChildren(
     h("div", { class: "panel" },
       h("h3", {}, `episode ${s.episode_id} `, h("a", { href: `#/group/${s.step}/${encodeURIComponent(s.uid)}` }, "(group)")),
-      h("div", {}, `step ${s.step} · task ${s.task_id} · ${s.data_source} · reward `, h("b", {}, fmt(s.reward)),
-        ` · advantage ${fmt(data.advantage)} · ${s.finish_reason} (${data.metrics.stop_detail || ""})`,
+      h("div", {}, isEval() ? "" : `step ${s.step} · `, `task ${s.task_id} · ${s.data_source} · reward `,
+        h("b", {}, fmt(s.reward)), isEval() ? "" : ` · advantage ${fmt(data.advantage)}`,
+        ` · ${s.finish_reason} (${data.metrics.stop_detail || ""})`,
         ` · ${s.num_turns} turns · ${s.num_tool_calls} tool calls`,
         s.infra_error ? h("span", { class: "badge err" }, `infra error: ${data.metrics.infra_detail || ""}`) : null),
       h("div", { class: "muted", id: "token-counts", "data-policy": counts.policy,
                  "data-mask-sum": data.sum_response_mask },
         `${data.prompt_tokens} prompt tokens · ${counts.policy} policy · ${counts.observation} observation · `,
         `${counts.glue} template glue · sum(response_mask) = ${data.sum_response_mask}`,
-        data.has_trainer_logprobs ? "" : " · trainer logprobs not recorded for this episode")),
+        data.has_trainer_logprobs || isEval() ? "" : " · trainer logprobs not recorded for this episode")),
     h("div", { class: "panel" },
       h("div", { class: "legend" }, h("span", { class: "tok policy" }, "policy (mask 1)"),
         h("span", { class: "tok observation" }, "tool observation"), h("span", { class: "tok glue" }, "template glue"),
@@ -251,69 +267,13 @@ async function showGroup(step, uid) {
   const data = await api(`/api/group/${step}/${encodeURIComponent(uid)}`);
   const cols = data.episodes.map(e => h("div", { class: "panel", "data-row": e.row },
     h("div", {}, h("a", { href: `#/episode/${e.row}` }, `#${e.sample_index}`), " reward ", h("b", {}, fmt(e.reward)),
-      ` · adv ${fmt(e.advantage)} · ${e.finish_reason}`,
+      isEval() ? "" : ` · adv ${fmt(e.advantage)}`, ` · ${e.finish_reason}`,
       e.infra_error ? h("span", { class: "badge err" }, "infra") : null),
     e.messages.filter(m => m.role !== "system").map(messageBlock)));
-  app.replaceChildren(h("h3", {}, `group ${uid} (step ${step}): ${data.episodes.length} episodes`),
+  const first = data.episodes[0];
+  app.replaceChildren(h("h3", {}, isEval() ? `task ${first.task_id}: ${data.episodes.length} samples`
+                                           : `group ${uid} (step ${step}): ${data.episodes.length} episodes`),
     h("div", { class: "side", id: "group" }, cols));
-}
-
-// -------------------------------------------------------------------------------------------------- curves
-const CURVE_KEYS = [
-  ["reward/mean", "reward"], ["reward/success_rate", "success rate"], ["val/reward/mean", "held-out reward"],
-  ["actor/ppo_kl", "PPO KL"], ["actor/kl", "KL to reference"], ["actor/entropy", "entropy"],
-  ["episode/response_tokens_mean", "response tokens"], ["episode/num_turns_mean", "turns"],
-  ["drift/abs_mean", "drift |rollout − trainer logprob|"], ["timing/step_s", "step time (s)"],
-  ["timing/rollout_s", "rollout time (s)"], ["timing/update_s", "update time (s)"],
-];
-let metricRows = [];
-
-function chart(title, points) {
-  const W = 360, H = 160, L = 40, B = 20, T = 8, R = 8;
-  const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
-  const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
-  const sx = x => L + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (W - L - R);
-  const sy = y => T + (1 - (y1 === y0 ? 0.5 : (y - y0) / (y1 - y0))) * (H - T - B);
-  const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  const add = (tag, attrs, text) => {
-    const el = document.createElementNS(ns, tag);
-    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-    if (text !== undefined) el.textContent = text;
-    svg.append(el);
-  };
-  add("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B });
-  add("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B });
-  add("text", { x: 2, y: T + 8 }, fmt(y1, 3));
-  add("text", { x: 2, y: H - B }, fmt(y0, 3));
-  add("text", { x: L, y: H - 4 }, `step ${x0}`);
-  add("text", { x: W - R - 40, y: H - 4 }, `step ${x1}`);
-  add("polyline", { class: "line", points: points.map(p => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ") });
-  for (const p of points.length < 60 ? points : []) add("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2, fill: "#2f6fdb" });
-  return h("div", { class: "chart", "data-key": title }, h("h4", {}, title), svg);
-}
-
-async function showCurves() {
-  const data = await api(`/api/metrics?since=${metricRows.length}`);
-  if (data.total < metricRows.length) metricRows = [];
-  metricRows = metricRows.concat(data.rows);
-  const charts = [];
-  for (const [key, label] of CURVE_KEYS) {
-    const pts = metricRows.filter(r => typeof r[key] === "number").map(r => [r.step, r[key]]);
-    if (pts.length) charts.push(chart(`${label} (${key})`, pts));
-  }
-  const parts = [h("div", { class: "summary" }, `${metricRows.length} logged steps`,
-                   data.complete ? " · run complete" : " · live: refreshing every 5 s")];
-  if (runInfo.kind === "eval") {
-    const ev = await api("/api/eval");
-    parts.push(h("div", { class: "panel", id: "eval-summary" }, h("h3", {}, `evaluation: ${ev.name}`),
-      h("pre", {}, JSON.stringify(ev.summary, null, 1))));
-  }
-  parts.push(charts.length ? h("div", { class: "charts", id: "charts" }, charts)
-                           : h("div", { class: "muted" }, "no metrics.jsonl rows yet"));
-  app.replaceChildren(...parts);
-  if (!data.complete && runInfo.kind !== "eval") schedule(render, 5000);
 }
 
 // -------------------------------------------------------------------------------------------------- routing
@@ -330,9 +290,12 @@ async function render() {
     document.getElementById("run-info").textContent =
       `${runInfo.run_dir} · ${runInfo.kind} · ${runInfo.episodes} episodes${runInfo.indexing ? " (indexing…)" : ""}`;
     document.getElementById("infra-count").textContent = runInfo.infra_errors ? `(${runInfo.infra_errors})` : "";
+    const tab = document.getElementById("curves-link");
+    [tab.textContent, tab.href] = isEval() ? ["summary", "#/summary"] : ["curves", "#/curves"];
     const parts = location.hash.replace(/^#\/?/, "").split("/");
     if (parts[0] === "episode") await showEpisode(Number(parts[1]));
     else if (parts[0] === "group") await showGroup(Number(parts[1]), decodeURIComponent(parts.slice(2).join("/")));
+    else if ((parts[0] === "curves" || parts[0] === "summary") && isEval()) await showEvalSummary();
     else if (parts[0] === "curves") await showCurves();
     else if (parts[0] === "infra") await showInfra();
     else await showGroups();

@@ -94,3 +94,42 @@ def recorded_run(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": {"path": str(model_dir)}}))
     asyncio.run(_record(model_dir, run_dir, model))
     return run_dir, model_dir
+
+
+async def _evaluate(model_dir: Path, out: Path, name: str) -> None:
+    from agentrl.agent_loop import AgentLoopConfig
+    from agentrl.evaluation.run import evaluate
+    from agentrl.inference.config import EngineConfig
+    from agentrl.tools import ToolRegistry
+    from agentrl.types import Task
+
+    tools = ToolRegistry.from_functions([lookup])
+    tasks = [Task(prompt=[{"role": "user", "content": q}], task_id=f"q{i}", data_source=f"source{i}",
+                  reward={"type": "exact_match", "ground_truth": "42"}) for i, q in enumerate(QUESTIONS)]
+    try:
+        await evaluate(model_dir, tasks, n=2, seed=7, engine_config=EngineConfig(max_model_len=1024),
+                       agent_config=AgentLoopConfig(max_assistant_turns=3, max_new_tokens_per_turn=48,
+                                                    max_response_tokens=400),
+                       tools=tools, run_dir=out, name=name, tasks_source="the viewer tests' two lookups")
+    finally:
+        await tools.aclose()
+
+
+@pytest.fixture(scope="session")
+def recorded_eval(recorded_run, tiny_model_dir, tmp_path_factory) -> Path:
+    """An `agentrl eval` output directory of the small run's model (2 tasks x 2 samples) with the comparison
+    `agentrl eval --compare` writes against the untaught tiny model's evaluation (compare.md, pass_at_k.png)."""
+    import concurrent.futures
+    import subprocess
+    import sys
+
+    _, model_dir = recorded_run
+    root = tmp_path_factory.mktemp("viewer-eval")
+    taught, untaught = root / "eval-taught", root / "eval-untaught"
+    # a thread of its own: a test's sync Playwright keeps an event loop running in this one
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _evaluate(model_dir, taught, "taught")).result()
+        pool.submit(asyncio.run, _evaluate(tiny_model_dir, untaught, "untaught")).result()
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", "--model", str(taught), "--compare", str(untaught)],
+                   check=True, capture_output=True, timeout=120)
+    return taught

@@ -110,16 +110,73 @@ def test_first_page_time_is_reported(tmp_path, episodes):
     assert len(page["groups"]) == 20
 
 
+def _eval_record(name: str, model: str, pass_at_1: float) -> dict:
+    """An eval.json record as `agentrl eval` writes it (the keys its report reads)."""
+    return {"name": name, "model": model, "tasks_source": "suite calc",
+            "settings": {"n": 2, "ks": [1, 2], "temperature": 1.0, "greedy": False, "top_p": 1.0, "top_k": -1,
+                         "seed": 0, "success_threshold": 1.0},
+            "summary": {"pass@1": pass_at_1, "pass@2": 0.75, "mean@n": pass_at_1, "num_tasks": 2},
+            "infra_failures": {"count": 0, "by_cause": {}, "examples": []},
+            "timing": {"total_s": 3.0, "episodes_per_s": 1.5, "model_tokens_per_s": 40.0},
+            "tasks": [{"task_id": "t0", "valid": 2, "correct": 1}, {"task_id": "t1", "valid": 2, "correct": 1}]}
+
+
 def test_eval_directory(tmp_path, qwen2_tokenizer_dir):
-    """An `agentrl eval` output: eval.json names the model whose tokenizer decodes the tokens."""
+    """An `agentrl eval` output: eval.json names the model whose tokenizer decodes the tokens; the page gets the
+    report as tables, and the comparison when `agentrl eval --compare` wrote compare.md there."""
+    from agentrl.evaluation.run import compare_markdown, eval_markdown
     from agentrl.viewer.tokens import tokenizer_dir
 
     _run(tmp_path)
-    (tmp_path / "eval.json").write_text(json.dumps({"name": "m", "model": str(qwen2_tokenizer_dir),
-                                                    "summary": {"pass@1": 0.5}, "tasks": []}))
+    record = _eval_record("m", str(qwen2_tokenizer_dir), 0.5)
+    (tmp_path / "eval.json").write_text(json.dumps(record))
     assert tokenizer_dir(tmp_path) == qwen2_tokenizer_dir
     with TestClient(create_app(tmp_path)) as client:
         assert client.get("/api/run").json()["kind"] == "eval"
-        assert client.get("/api/eval").json()["summary"] == {"pass@1": 0.5}
+        page = client.get("/api/eval").json()
+        tables = [b for b in page["report"] if b["type"] == "table"]
+        assert tables[0]["header"] == ["metric", "m"]
+        assert ["pass@1", "50.0%"] in tables[0]["rows"] and ["pass@2", "75.0%"] in tables[0]["rows"]
+        assert page["compare"] is None and not page["pass_at_k"]
+        assert "draws it when --n is above 1" in client.get("/api/eval/pass_at_k.png").json()["detail"]
+        (tmp_path / "eval.md").write_text(eval_markdown(record))
+        (tmp_path / "compare.md").write_text(compare_markdown([record, _eval_record("other", "x", 0.25)]))
+        compare = client.get("/api/eval").json()["compare"]
+        first = next(b for b in compare if b["type"] == "table")
+        assert first["header"] == ["metric", "m", "other"] and ["pass@1", "50.0%", "25.0%"] in first["rows"]
+        assert any(b["type"] == "paragraph" and "better on" in b["text"] for b in compare)
         tokens = client.get("/api/episode/0").json()["tokens"]
         assert tokens[3]["text"] != "<10>"  # decoded with the tokenizer, not shown as ids
+
+
+def test_markdown_blocks_keep_headings_tables_lists_and_paragraphs():
+    from agentrl.viewer.evalview import markdown_blocks
+
+    text = "# Title\n\n| metric | a |\n|---|---|\n| pass@1 | 50.0% |\n\n- one `x`\n- two\n\nA line\nwrapped.\n"
+    assert markdown_blocks(text) == [
+        {"type": "heading", "level": 1, "text": "Title"},
+        {"type": "table", "header": ["metric", "a"], "rows": [["pass@1", "50.0%"]]},
+        {"type": "list", "items": ["one `x`", "two"]},
+        {"type": "paragraph", "text": "A line wrapped."}]
+
+
+def test_curve_panels_are_the_quickstart_panels_with_held_out_labels(tmp_path):
+    import yaml
+
+    from agentrl.trainer.curve_panels import CURVE_PANELS
+
+    with TestClient(create_app(tmp_path)) as client:
+        panels = client.get("/api/curves").json()["panels"]
+        assert [p["key"] for p in panels[:5]] == [p.key for p in CURVE_PANELS if p.source == "grpo"]
+        success = next(p for p in panels if p["key"] == "reward/success_rate")
+        assert success["held_out"] == {"key": "val/reward/success_rate",
+                                       "label": "held-out (val/reward/success_rate)"}  # no config.yaml to ask
+        kl = next(p for p in panels if p["key"] == "actor/ppo_kl")
+        assert [s["key"] for s in kl["series"]] == ["actor/ppo_kl", "actor/kl"]
+    for trainer, label in [
+            ({"val_n": 1, "val_temperature": 0.0, "test_freq": 5}, "held-out pass@1 (greedy, every 5 steps)"),
+            ({"val_n": 4, "val_temperature": 1.0, "test_freq": 0}, "held-out success rate (n=4, T=1.0)")]:
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"trainer": trainer}))
+        with TestClient(create_app(tmp_path)) as client:
+            panels = client.get("/api/curves").json()["panels"]
+            assert next(p for p in panels if p["key"] == "reward/success_rate")["held_out"]["label"] == label
