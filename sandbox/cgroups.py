@@ -19,6 +19,7 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+V1_FREEZER = "freezer"  # optional: sessions are frozen between cells where it is mounted (v2 has cgroup.freeze)
 
 
 class CgroupError(RuntimeError):
@@ -128,7 +129,15 @@ class Cgroup:
         self._memory: int | None = None
         self.baseline: CgroupCounters | None = None  # counters when it was last emptied (the next use's base)
         # Paths read on every request, as strings once (no pathlib on the request path)
-        self.procs_files = [str(d / "cgroup.procs") for d in self.dirs.values()]
+        self.procs_files = [str(d / "cgroup.procs") for key, d in self.dirs.items() if key != V1_FREEZER]
+        # Joined by sessions only (a v1 freezer is one more cgroup to enter; a /run_code sandbox never freezes)
+        self.freezer_procs = str(self.dirs[V1_FREEZER] / "cgroup.procs") if V1_FREEZER in self.dirs else None
+        if version == 1:
+            self._freeze_file = str(self.dirs[V1_FREEZER] / "freezer.state") if V1_FREEZER in self.dirs else None
+        else:
+            freeze = self.dirs["unified"] / "cgroup.freeze"
+            self._freeze_file = str(freeze) if freeze.exists() else None
+        self.frozen = False
         mem, pids = self._d("memory"), self._d("pids")
         self._counter_files = (str(mem / ("memory.oom_control" if version == 1 else "memory.events")),
                                str(mem / ("memory.max_usage_in_bytes" if version == 1 else "memory.peak")),
@@ -215,6 +224,22 @@ class Cgroup:
             peak = 0
         return CgroupCounters(oom, pids_max, peak)
 
+    @property
+    def can_freeze(self) -> bool:
+        return self._freeze_file is not None
+
+    def freeze(self) -> None:
+        """Stop every process in the cgroup where it stands (they use no CPU until `thaw`); no-op without a
+        freezer. The kernel finishes freezing on its own; nothing waits for it."""
+        if self._freeze_file is not None and not self.frozen:
+            _write(self._freeze_file, "FROZEN" if self.version == 1 else "1")
+            self.frozen = True
+
+    def thaw(self) -> None:
+        if self._freeze_file is not None and self.frozen:
+            _write(self._freeze_file, "THAWED" if self.version == 1 else "0")
+            self.frozen = False
+
     def procs(self) -> set[int]:
         pids: set[int] = set()
         for f in self.procs_files:
@@ -229,6 +254,7 @@ class Cgroup:
         pids = self.procs()
         if not pids:
             return pids
+        self.thaw()  # a frozen process (v1) dies of SIGKILL only once thawed
         kill_file = self._d("memory") / "cgroup.kill" if self.version == 2 else None
         if kill_file is not None and kill_file.exists():
             _write(kill_file, "1")
@@ -306,7 +332,9 @@ class CgroupPool:
         self._all: list[Cgroup] = []
         self._counter = 0
         if version == 1:
-            self.parents = {c: CGROUP_ROOT / c / _own_path(c).lstrip("/") / self.name for c in V1_CONTROLLERS}
+            controllers = V1_CONTROLLERS + ((V1_FREEZER,) if (CGROUP_ROOT / V1_FREEZER / "cgroup.procs").is_file()
+                                            else ())
+            self.parents = {c: CGROUP_ROOT / c / _own_path(c).lstrip("/") / self.name for c in controllers}
         else:
             self.parents = {"unified": CGROUP_ROOT / _own_path(None).lstrip("/") / self.name}
         self._remove_stale()
@@ -378,6 +406,7 @@ class CgroupPool:
         return len(still)
 
     def _recycle(self, cg: Cgroup) -> None:
+        cg.thaw()
         cg.baseline = cg.counters()  # reads what it can: an unreadable counter is 0
         self._free.append(cg)
 

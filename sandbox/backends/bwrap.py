@@ -108,6 +108,11 @@ def sandbox_env(prefix: str) -> dict[str, str]:
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "PWD": WORKDIR}
 
 
+def _joins(cg: Cgroup, *, session: bool) -> list[str]:
+    """The cgroup.procs files a sandbox joins: a session's also its freezer's (frozen between its cells)."""
+    return [*cg.procs_files, cg.freezer_procs] if session and cg.freezer_procs else cg.procs_files
+
+
 async def _all_set(events, timeout: float) -> bool:
     try:
         await asyncio.wait_for(asyncio.gather(*(event.wait() for event in events)), timeout)
@@ -425,7 +430,7 @@ class BwrapBackend:
                 cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
                 # The shell joins the cgroup, then execs bwrap: every process of the sandbox starts inside it. It
                 # drops the PWD it exports, so bwrap (pid 1 inside, /proc/1/environ) starts with an empty env.
-                joins = " && ".join(f"echo 0 > {f}" for f in cg.procs_files)
+                joins = " && ".join(f"echo 0 > {f}" for f in _joins(cg, session=src is SESSION_SRC))
                 cmd = ["/bin/sh", "-c", f'unset PWD OLDPWD; {joins} && exec "$@"', "sh", *cmd]
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -483,8 +488,8 @@ class BwrapBackend:
         cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
         (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(4))
         try:
-            await zygote.spawn({**request, "cgroup_procs": cg.procs_files, "host_uid": cg.host_uid},
-                               (in_r, out_w, err_w, res_w))
+            await zygote.spawn({**request, "cgroup_procs": _joins(cg, session="session" in request),
+                                "host_uid": cg.host_uid}, (in_r, out_w, err_w, res_w))
         except BaseException:
             for fd in (in_w, out_r, err_r, res_r):
                 os.close(fd)

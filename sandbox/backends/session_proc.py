@@ -4,6 +4,8 @@ The interpreter's stdout and stderr are drained continuously; an end marker carr
 the interpreter after each cell) cuts them into per-cell outputs. A cell past its time limit gets SIGINT
 (KeyboardInterrupt in the main thread), which keeps the namespace; one that does not yield within the grace
 period, or an interpreter that died (OOM, os._exit, killed), is replaced and the result says `restarted: true`.
+Between cells the session's cgroup is frozen (where a freezer exists): threads a cell left running use no CPU
+until the next cell, which runs under admission control and its own time limit.
 
 The session's code can write to the result pipe itself (it is the interpreter's own fd): the host believes no
 length header. A frame past SESSION_FRAME_BYTES, one that is not a JSON object, or more frames than a cell
@@ -154,6 +156,8 @@ class SessionProc:
                 await self._restart()
                 restarted = True
             self.execution_count += 1
+            if self.warm.cgroup is not None:
+                self.warm.cgroup.thaw()
             cell_id = uuid.uuid4().hex
             bufs = [s.expect(cell_id) for s in self._streams]
             self._over_limit = False
@@ -203,6 +207,8 @@ class SessionProc:
                          "traceback": ""}
                 await self._restart()
                 restarted = True
+            if self.alive and self.warm.cgroup is not None:
+                self.warm.cgroup.freeze()
             return {"status": status, "stdout": bufs[0].text(), "stderr": bufs[1].text(), "error": error,
                     "execution_count": self.execution_count, "restarted": restarted, "exit_reason": reason,
                     "truncated": bufs[0].truncated or bufs[1].truncated, "execution_time": round(elapsed, 4)}

@@ -354,3 +354,20 @@ def test_exit_zero_after_the_pids_limit_is_not_a_success(http):
     check(body, "Failed", "pids_limit")
     assert body["run_result"]["return_code"] == 0
     assert_benign(http)
+
+
+# Low: a session's background threads ran on between cells, outside the cell's time limit and admission control.
+def test_a_session_is_frozen_between_its_cells(any_http):
+    sid = any_http.post("/sessions", json={"language": "python"}).json()["session_id"]
+    try:
+        spin = ("import threading, time\nthreading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True)"
+                ".start()\ntime.sleep(0.2)\nprint(time.process_time())")
+        first = any_http.post(f"/sessions/{sid}/run", json={"code": spin}).json()
+        assert first["status"] == "ok", first
+        time.sleep(3)  # a thread left running would use up to this much CPU before the next cell
+        second = any_http.post(f"/sessions/{sid}/run", json={"code": "import time\nprint(time.process_time())"}).json()
+        used = float(second["stdout"]) - float(first["stdout"])
+        assert used < 0.25, (used, first, second)  # CPU of the session's process between its two cells
+    finally:
+        any_http.delete(f"/sessions/{sid}")
+    assert_benign(any_http)
