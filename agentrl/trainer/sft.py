@@ -183,7 +183,7 @@ def run_sft(cfg: SFTConfig) -> dict:
         "batch": f"{cfg.sft.batch_size} transcripts", "world size": cfg.actor.world_size if cfg.sft.use_ray else 1}),
         flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir)
+    save_config(cfg, run_dir, path_keys=("model.path", "model.tokenizer_path", "data.train_files"))
 
     started_ray = start_ray(log_to_driver=False) if cfg.sft.use_ray else False
     rng = random.Random(cfg.sft.seed)
