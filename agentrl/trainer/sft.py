@@ -162,6 +162,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     from agentrl.config import save_config
     from agentrl.trainer.batch import sft_batch
     from agentrl.trainer.console import quiet_third_party, run_header, sft_line
+    from agentrl.trainer.weight_sync import make_readable
     from agentrl.trainer.worker import WorkerGroup, start_ray
 
     quiet_third_party()
@@ -223,6 +224,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     tokenizer.save_pretrained(out_dir)
     if hasattr(model, "generation_config") and model.generation_config is not None:
         model.generation_config.save_pretrained(out_dir)
+    make_readable(out_dir)
     print(f"sft: saved the fine-tuned model to {out_dir}", flush=True)
     return {**metrics, "output_dir": str(out_dir), "skipped": skipped, "num_transcripts": len(sequences)}
 
