@@ -1,9 +1,13 @@
 # Every target bootstraps .venv idempotently; the stamp file is refreshed when pyproject.toml changes.
+# VENV=/path/to/venv puts it elsewhere (e.g. a throwaway one: make setup VENV=/tmp/venv-try).
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TORCH := 2.13.0
+# PyTorch's own index of CPU-only wheels: the default index's Linux torch is the CUDA build (GBs of CUDA libraries).
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
 .PHONY: setup quickstart test test-unit test-slow bwrap gxx chromium clean
 
@@ -13,10 +17,18 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# No GPU: the CPU build of torch from PyTorch's CPU index (the torch wheel alone; its dependencies come from pip's
+# own sources on the next line). Where that index cannot be reached, pip's configured sources give torch (a local
+# wheel folder may hold the CPU build); the line printed says which build was installed. A GPU: the default build.
 $(STAMP): pyproject.toml | $(BIN)/python
 ifneq ($(HAS_GPU),yes)
-	# No GPU: take the CPU build of torch first so the project install does not pull a CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	@from="$(TORCH_CPU_INDEX)"; \
+	if ! $(BIN)/python -c "import urllib.request as r; r.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=15)" \
+	    >/dev/null 2>&1 || ! $(BIN)/pip install --quiet --no-deps --index-url $(TORCH_CPU_INDEX) torch==$(TORCH); \
+	then from="pip's configured sources ($(TORCH_CPU_INDEX) cannot be reached)"; fi; \
+	$(BIN)/pip install --quiet torch==$(TORCH) && $(BIN)/python -W ignore -c "import sys, torch; \
+	build = 'CPU build' if torch.version.cuda is None else f'CUDA {torch.version.cuda} build, no GPU here'; \
+	print(f'installed torch {torch.__version__} ({build}) from {sys.argv[1]}')" "$$from"
 endif
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)

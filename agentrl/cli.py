@@ -52,13 +52,31 @@ def version() -> str:
         return __version__
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: options and positionals in any order, so `agentrl train CONFIG --check k=v` reads as
+    `agentrl train CONFIG k=v --check` (plain argparse stops filling `overrides` at the first option). A parser whose
+    positionals argparse cannot intermix (a nested subcommand, a `--` remainder) parses as usual."""
+
+    _parsing = False  # parse_known_intermixed_args calls parse_known_args itself (Python 3.11, 3.12)
+
+    def parse_known_args(self, args=None, namespace=None):
+        mixable = all(a.nargs not in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions())
+        if self._parsing or not mixable:
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl",
         description="Train tool-using LLM agents with reinforcement learning.",
     )
     parser.add_argument("--version", action="version", version=f"agentrl {version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_commands(sub)
     if BENCH_MODULES:

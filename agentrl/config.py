@@ -10,6 +10,7 @@ that loads and validates them and the top-level `TrainConfig` that composes them
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib
@@ -194,11 +195,30 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def save_config(cfg: Any, run_dir: str | Path, name: str = "config.yaml") -> Path:
-    """Write the resolved config (every default filled in) into the run directory."""
+def absolute_paths(tree: dict, path_keys: tuple[str, ...]) -> dict:
+    """`tree` with the paths under the dotted `path_keys` (a path or a list of paths) made absolute where they
+    exist, so a record resolves from any directory; a name that is no local path (a Hugging Face id) stays."""
+    def absolute(value):
+        if isinstance(value, list):
+            return [absolute(v) for v in value]
+        return str(Path(value).resolve()) if isinstance(value, str) and value and Path(value).exists() else value
+
+    tree = copy.deepcopy(tree)
+    for key in path_keys:
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node[part]
+        node[leaf] = absolute(node[leaf])
+    return tree
+
+
+def save_config(cfg: Any, run_dir: str | Path, name: str = "config.yaml", *, path_keys: tuple[str, ...] = ()) -> Path:
+    """Write the resolved config (every default filled in) into the run directory, the paths under `path_keys`
+    absolute (`absolute_paths`)."""
     out = Path(run_dir) / name
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    out.write_text(yaml.safe_dump(absolute_paths(to_dict(cfg), path_keys), sort_keys=False))
     return out
 
 
@@ -217,4 +237,4 @@ def import_object(spec: str, what: str) -> Any:
         raise ConfigError(f"{what}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-__all__ = ["ConfigError", "load_config", "save_config", "to_dict", "parse_override", "import_object"]
+__all__ = ["ConfigError", "absolute_paths", "load_config", "save_config", "to_dict", "parse_override", "import_object"]

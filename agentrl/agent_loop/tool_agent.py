@@ -156,6 +156,8 @@ class ToolAgentLoop:
         model = getattr(self.engine, "model_path", None) or getattr(getattr(self.engine, "model", None),
                                                                       "name_or_path", None)
         versions = [t["weight_version"] for t in state.turns if t.get("weight_version") is not None]
+        if model is not None and Path(model).exists():  # a local directory: absolute, so `agentrl replay` finds it
+            model = Path(model).resolve()  # from any directory; a Hugging Face id stays as it is
         return {"engine": {"class": type(self.engine).__name__, "model": None if model is None else str(model),
                            "weight_version": versions[-1] if versions else None,
                            "max_model_len": self.max_model_len},

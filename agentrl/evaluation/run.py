@@ -211,7 +211,7 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
     model_tokens = sum(sum(e.response_mask) for e in episodes)
     record = {
         "name": name,
-        "model": str(model_path),
+        "model": str(Path(model_path).resolve() if Path(model_path).exists() else model_path),  # from any dir
         "tasks_source": tasks_source,
         "settings": {"n": n, "ks": ks, "temperature": temperature, "greedy": temperature == 0.0, "top_p": top_p,
                      "top_k": top_k, "seed": seed, "success_threshold": success_threshold,

@@ -81,6 +81,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, ini
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from agentrl.trainer.weight_sync import make_readable
 
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
@@ -132,6 +133,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, ini
         top_k=0,
     )
     generation.save_pretrained(out)
+    make_readable(out)
     return out
 
 

@@ -219,8 +219,9 @@ class RejectionConfig:
 @dataclass
 class RolloutCorrectionConfig:
     """`algorithm.rollout_correction`: importance weights pi_old / pi_rollout on the policy-gradient token losses
-    (seed 000 s.2-3). level null: off. mode truncate (TIS): w = min(w, threshold); mask (IcePop): w = 0 outside
-    [lower, upper] (defaults 1/threshold and threshold). bypass_mode: old_logp := rollout_logp (no recompute)."""
+    ("Policy 与 Value Update", §2-3). level null: off. mode truncate (TIS): w = min(w, threshold); mask (IcePop):
+    w = 0 outside [lower, upper] (defaults 1/threshold and threshold). bypass_mode: old_logp := rollout_logp (no
+    recompute)."""
 
     level: Literal["token", "sequence"] | None = None
     mode: Literal["truncate", "mask"] = "truncate"

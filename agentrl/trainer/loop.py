@@ -82,7 +82,7 @@ from agentrl.trainer.metrics import (
     timed,
     value_metrics,
 )
-from agentrl.trainer.resume import FINAL_MODEL_DIR, mark_complete, plan_start, prepare_run_dir
+from agentrl.trainer.resume import FINAL_MODEL_DIR, RECORDED_PATHS, mark_complete, plan_start, prepare_run_dir
 from agentrl.trainer.stops import InfraLimits, InfraWatch, log_failure, log_line, resume_hint
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
@@ -395,7 +395,7 @@ def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, 
     if kl_ctrl is not None:
         driver["kl_ctrl"] = kl_ctrl.state_dict()
     save_driver_state(tmp, driver)
-    save_config(cfg, tmp)
+    save_config(cfg, tmp, path_keys=RECORDED_PATHS)
     save_hf_files(tmp, cfg.model.path, cfg.model.tokenizer_path)
     final = commit_checkpoint(tmp, step)
     prune_checkpoints(cfg.trainer.run_dir, cfg.trainer.keep_checkpoints)
@@ -448,7 +448,8 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
     run_dir = Path(cfg.trainer.run_dir)
     start = plan_start(cfg)  # checks a resume against the checkpoint's config before anything is written
     if start.complete:
-        print(f"run already complete at step {start.step} (use trainer.resume=never to start over)", flush=True)
+        print(f"run already complete at step {start.step} in {run_dir}, with this config (a larger "
+              "trainer.total_steps trains on; another trainer.run_dir or trainer.resume=never starts over)", flush=True)
         return {}
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -4,7 +4,8 @@
 `prepare_run_dir(cfg, start)` then brings the directory to that start:
 
 - complete: with `trainer.resume: auto`, a run whose COMPLETE file says it reached `trainer.total_steps` (or went
-  beyond) is not run again; `final_model/` is left as it is.
+  beyond) is not run again; `final_model/` is left as it is. When the config differs from the run's (any key but
+  `trainer.total_steps` and `trainer.resume`), one `CompletedRunError` names the keys and how to start a new run.
 - resume from a checkpoint at step k (`auto`: the latest complete one in run_dir; or a checkpoint directory):
   the config must agree with the checkpoint's on every key of `FIXED_ON_RESUME`, else one `ResumeConfigError`
   names each key that differs; a config with a critic (`critic.enable`) needs a checkpoint that holds one,
@@ -15,6 +16,9 @@
 - fresh (`trainer.resume: never`, or `auto` with no checkpoint): an earlier run in run_dir is moved aside to
   `<run_dir>.old-N` and the run starts in an empty directory. A checkpoint outside run_dir starts run_dir the
   same way, at the checkpoint's step.
+
+The configs written into run_dir and its checkpoints hold `RECORDED_PATHS` absolute, so `agentrl view`, `replay` and
+`export` find the model and data from any directory.
 
 Other keys may change on resume and take effect from the next step; `trainer.total_steps` stretches the LR
 schedule (`agentrl.trainer.worker.lr_factor` is evaluated with the new total: from the next step on, the LR is
@@ -54,11 +58,19 @@ TENSORBOARD_DIR = "tensorboard"
 # world_size ranks, and its data-sampler position counts batches of these prompts in this order.
 FIXED_ON_RESUME = ("model.path", "model.dtype", "actor.world_size", "data.train_files", "data.shuffle", "data.seed",
                    "data.train_batch_size", "actor.ppo_mini_batch_size", "rollout.n")
-_PATH_KEYS = ("model.path", "data.train_files")
+# Local paths of a config: absolute in the run's records, compared resolved.
+RECORDED_PATHS = ("model.path", "model.tokenizer_path", "critic.model.path", "data.train_files", "data.val_files",
+                  "tools.config")
+# Keys a complete run may be asked again with other values: more steps resume it, resume=never starts over.
+_FREE_WHEN_COMPLETE = ("trainer.total_steps", "trainer.resume")
 
 
 class ResumeConfigError(UserError):
     """The config changed a key the checkpoint being resumed depends on."""
+
+
+class CompletedRunError(UserError):
+    """run_dir holds a complete run of another config: this config would not be trained."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,7 @@ def _dotted(tree: dict, key: str):
 
 
 def _comparable(key: str, value):
-    if key in _PATH_KEYS and value is not None:
+    if key in RECORDED_PATHS and value is not None:
         return [str(Path(v).resolve()) for v in value] if isinstance(value, list) else str(Path(value).resolve())
     return value
 
@@ -88,6 +100,41 @@ def resume_mismatches(current: dict, saved: dict) -> list[str]:
         if _comparable(key, old) != _comparable(key, new):
             out.append(f"{key} ({old!r} -> {new!r})")
     return out
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def config_changes(current: dict, saved: dict) -> list[str]:
+    """`key (saved -> current)` for every key but `_FREE_WHEN_COMPLETE` whose value differs (paths resolved)."""
+    old, new = _leaves(saved), _leaves(current)
+    return [f"{key} ({old.get(key)!r} -> {new.get(key)!r})" for key in sorted(old.keys() | new.keys())
+            if key not in _FREE_WHEN_COMPLETE and _comparable(key, old.get(key)) != _comparable(key, new.get(key))]
+
+
+def latest_run_config(run_dir: Path) -> Path | None:
+    """The config the run last ran with: its latest `config.resume-<k>.yaml`, else config.yaml."""
+    resumed = sorted(run_dir.glob("config.resume-*.yaml"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    first = run_dir / CONFIG_FILE
+    return resumed[-1] if resumed else first if first.is_file() else None
+
+
+def check_complete_run_config(cfg: TrainConfig, run_dir: Path, step: int) -> None:
+    """Raise CompletedRunError when the complete run in run_dir ran another config than `cfg`."""
+    saved = latest_run_config(run_dir)
+    changes = config_changes(to_dict(cfg), yaml.safe_load(saved.read_text()) or {}) if saved else []
+    if changes:
+        shown = ", ".join(changes[:3]) + (f" and {len(changes) - 3} more" if len(changes) > 3 else "")
+        raise CompletedRunError(f"{run_dir} holds a run completed at step {step} with another config ({shown}); "
+                                "to train this config, set another trainer.run_dir, remove the directory, or pass "
+                                "trainer.resume=never (moves it aside)")
 
 
 def critic_mismatch(cfg: TrainConfig, checkpoint: Path) -> str | None:
@@ -122,6 +169,7 @@ def plan_start(cfg: TrainConfig) -> Start:
     if cfg.trainer.resume == "auto":
         done = marker_step(run_dir)
         if done is not None and done >= cfg.trainer.total_steps:
+            check_complete_run_config(cfg, run_dir, done)
             return Start(step=done, complete=True)
     checkpoint = resolve_resume(cfg.trainer.resume, run_dir)
     if checkpoint is None:
@@ -183,7 +231,7 @@ def prepare_run_dir(cfg: TrainConfig, start: Start) -> list[str]:
                      + (f"; removed {', '.join(removed)}" if removed else ""))
     run_dir.mkdir(parents=True, exist_ok=True)
     first = start.checkpoint is None or not (run_dir / CONFIG_FILE).exists()
-    save_config(cfg, run_dir, CONFIG_FILE if first else f"config.resume-{start.step}.yaml")
+    save_config(cfg, run_dir, CONFIG_FILE if first else f"config.resume-{start.step}.yaml", path_keys=RECORDED_PATHS)
     return notes
 
 
@@ -195,9 +243,13 @@ def mark_complete(run_dir: str | Path, step: int) -> None:
 __all__ = [
     "FINAL_MODEL_DIR",
     "FIXED_ON_RESUME",
+    "RECORDED_PATHS",
+    "CompletedRunError",
     "ResumeConfigError",
     "Start",
+    "check_complete_run_config",
     "check_resume_config",
+    "config_changes",
     "critic_mismatch",
     "has_records",
     "mark_complete",

@@ -162,6 +162,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     from agentrl.config import save_config
     from agentrl.trainer.batch import sft_batch
     from agentrl.trainer.console import quiet_third_party, run_header, sft_line
+    from agentrl.trainer.weight_sync import make_readable
     from agentrl.trainer.worker import WorkerGroup, start_ray
 
     quiet_third_party()
@@ -183,7 +184,7 @@ def run_sft(cfg: SFTConfig) -> dict:
         "batch": f"{cfg.sft.batch_size} transcripts", "world size": cfg.actor.world_size if cfg.sft.use_ray else 1}),
         flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir)
+    save_config(cfg, run_dir, path_keys=("model.path", "model.tokenizer_path", "data.train_files"))
 
     started_ray = start_ray(log_to_driver=False) if cfg.sft.use_ray else False
     rng = random.Random(cfg.sft.seed)
@@ -223,6 +224,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     tokenizer.save_pretrained(out_dir)
     if hasattr(model, "generation_config") and model.generation_config is not None:
         model.generation_config.save_pretrained(out_dir)
+    make_readable(out_dir)
     print(f"sft: saved the fine-tuned model to {out_dir}", flush=True)
     return {**metrics, "output_dir": str(out_dir), "skipped": skipped, "num_transcripts": len(sequences)}
 

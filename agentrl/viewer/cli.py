@@ -20,7 +20,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("view", help="browse a run's episodes and curves in the browser", description=VIEW_HELP)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a training run dir or an `agentrl eval` output dir")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765, help="0: pick a free port")
+    p.add_argument("--port", type=int, default=8770, help="0: pick a free port")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer dir (default: RUN_DIR/final_model, config.yaml's model, eval.json's model)")
     p.set_defaults(func=_view)

@@ -65,6 +65,7 @@ USER_FILES = ("data/train.parquet", "data/test.parquet")
 NOT_PATHS = {"Qwen/Qwen2.5-3B-Instruct"}  # Hugging Face model ids, not files
 SERVICE_HEALTH = {("agentrl", "tools", "serve"): "/health", ("agentrl", "sandbox", "serve"): "/v1/ping",
                   ("agentrl", "engine", "serve"): "/health", ("python", "-m", "sandbox"): "/v1/ping"}
+OUTPUT_KEYS = ("trainer.run_dir=", "sft.run_dir=", "sft.output_dir=")  # overrides naming what a run writes
 PATH_SUFFIXES = (".yaml", ".yml", ".jsonl", ".json", ".parquet", ".py", ".sh", ".txt", ".md")
 
 
@@ -115,10 +116,11 @@ def extract_commands(page: Path) -> list[Command]:
 
 
 def named_paths(tokens: list[str]) -> list[str]:
-    """Repository-relative paths among argv tokens, override values (`k=v`, `k=[a,b]`) and `file.py:fn` specs."""
+    """Repository-relative paths among argv tokens, override values (`k=v`, `k=[a,b]`) and `file.py:fn` specs;
+    not the run directories that overrides name (a run writes them)."""
     out = []
     for token in tokens:
-        if token.startswith("-") and "=" not in token:
+        if (token.startswith("-") and "=" not in token) or token.startswith(OUTPUT_KEYS):
             continue
         value = token.split("=", 1)[1] if "=" in token and not token.startswith(("{", "[")) else token
         for item in value.strip("[]").split(","):
@@ -279,8 +281,10 @@ def run_curl(argv: list[str]) -> None:
 
 def check_training_run(ws: Workspace, argv: list[str]) -> None:
     """A parsed-only `agentrl train` / `sft`: its own `--check` (config, model directory, every data row, rewards,
-    the tools the tasks name, logger packages) passes, and its run directory counts as written."""
+    the tools the tasks name, logger packages) passes, and its run directory is written: `agentrl train`'s as a
+    finished run (`finish_run`), so the page's commands meet each other's run directories as a user's do."""
     from agentrl.config import load_config
+    from agentrl.trainer.config import TrainConfig
 
     code, out, err = call_main([*argv[1:], "--check"])
     # a logger package that an earlier `pip install -e '.[extra]'` of the page installs is not missing
@@ -289,14 +293,46 @@ def check_training_run(ws: Workspace, argv: list[str]) -> None:
     if code != 0:
         assert problems == [] and "error:" in err, f"--check fails:\n{(out + err)[-3000:]}"
     if argv[1] == "train":
-        cfg = yaml.safe_load(run_in_process([*argv[1:], "--print-config"]))
-        ws.produced.add(cfg["trainer"]["run_dir"])
+        finish_run(load_config(TrainConfig, *_config_and_overrides(argv)))
     else:
         from agentrl.trainer.sft import SFTConfig
 
         ns = parse(argv[1:])
         sft = load_config(SFTConfig, ns.config, ns.overrides).sft
         ws.produced.update([sft.run_dir] + ([sft.output_dir] if sft.output_dir else []))
+
+
+def _config_and_overrides(argv: list[str]) -> tuple[str, list[str]]:
+    ns = parse(argv[1:])
+    return ns.config, ns.overrides
+
+
+def finish_run(cfg) -> None:
+    """What a user meets running this `agentrl train` after the page's earlier ones, and what it leaves: the real
+    run-dir logic decides how it starts (an earlier run of another config in its run_dir stops it with one line),
+    then the run dir is left as a finished run leaves it (config.yaml, a checkpoint, final_model/, COMPLETE)."""
+    from agentrl.config import save_config
+    from agentrl.errors import UserError
+    from agentrl.trainer.checkpoint import CRITIC_RANK_FILE, CRITIC_SHARDS_DIR, begin_checkpoint, commit_checkpoint
+    from agentrl.trainer.resume import FINAL_MODEL_DIR, RECORDED_PATHS, mark_complete, plan_start, prepare_run_dir
+
+    try:
+        start = plan_start(cfg)
+    except UserError as e:
+        raise AssertionError(f"after the page's earlier commands it fails: error: {e}") from None
+    if start.complete:
+        return
+    prepare_run_dir(cfg, start)
+    steps, run_dir = cfg.trainer.total_steps, Path(cfg.trainer.run_dir)
+    tmp = begin_checkpoint(run_dir, steps)
+    save_config(cfg, tmp, path_keys=RECORDED_PATHS)
+    if cfg.critic.enable:
+        (tmp / CRITIC_SHARDS_DIR).mkdir()
+        for rank in range(cfg.critic.world_size):
+            (tmp / CRITIC_RANK_FILE.format(rank=rank)).touch()
+    commit_checkpoint(tmp, steps)
+    (run_dir / FINAL_MODEL_DIR).mkdir()
+    mark_complete(run_dir, steps)
 
 
 def declared_outputs(argv: list[str], ns) -> list[str]:
@@ -454,3 +490,26 @@ def test_links_between_pages_resolve(page):
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             broken.append(target)
     assert not broken, f"{page.relative_to(REPO_ROOT)}: broken links {broken}"
+
+
+def test_train_commands_that_share_a_run_dir_fail_as_they_would_for_a_user(tmp_path, monkeypatch):
+    """Two documented trainings in one run directory: the second meets the first's finished run and stops."""
+    lines = """agentrl init-model runs/tiny-model
+agentrl data make calc --split train   --n 20 data/calc-train.jsonl   --seed 0
+agentrl data make calc --split heldout --n 20 data/calc-heldout.jsonl --seed 0
+agentrl train configs/calc_tiny_cpu.yaml trainer.total_steps=5
+agentrl train configs/calc_tiny_cpu.yaml trainer.total_steps=5
+agentrl train configs/calc_tiny_cpu.yaml trainer.total_steps=5 'data.train_files=[data/train.parquet]'
+agentrl train configs/calc_tiny_cpu.yaml 'data.train_files=[data/train.parquet]'""".splitlines()
+    commands = [Command("page.md", n, text, {}, shlex.split(text)) for n, text in enumerate(lines, start=1)]
+    ws = make_workspace(tmp_path / "ws")
+    monkeypatch.chdir(ws.root)
+    for cmd in commands[:5]:  # the same command twice: the second finds the run complete and does nothing
+        run_command(ws, cmd)
+    with pytest.raises(AssertionError, match=r"error: runs/calc-tiny-cpu holds a run completed at step 5 with "
+                                             r"another config \(data.train_files .*\); to train this config, set "
+                                             r"another trainer.run_dir"):
+        run_command(ws, commands[5])
+    with pytest.raises(AssertionError, match=r"error: cannot resume from .*step_000005: the config differs from the "
+                                             r"checkpoint's in data.train_files"):
+        run_command(ws, commands[6])

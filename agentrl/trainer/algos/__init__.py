@@ -1,8 +1,8 @@
 """RL math: advantage estimators, policy and value losses, reference-KL estimators and controllers, rollout
 correction, loss aggregation, and log-probabilities / entropy from logits.
 
-Pure functions over torch tensors: no models, no config objects. Formulas follow the seeds and verl's
-`core_algos.py` (REFERENCE.md sections 1 and 1b); deliberate differences are stated where they occur.
+Pure functions over torch tensors: no models, no config objects. Formulas follow verl's `core_algos.py` and
+"Policy 与 Value Update" (the verl walkthrough); deliberate differences are stated where they occur.
 Shape suffixes: B trajectories, T response tokens (padded), V vocabulary. Masks are 0/1 tensors (bool, int or
 float) shaped like the tensor they select from; 1 marks a token sampled by the policy.
 

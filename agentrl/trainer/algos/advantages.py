@@ -3,7 +3,8 @@
 Every estimator of `ADV_ESTIMATORS` has one calling convention, `estimator(AdvantageInputs) -> (advantages_B_T,
 returns_B_T or None)`, so the trainer loop calls whichever `algorithm.adv_estimator` names without branching.
 A user's own estimator is a `package.module:function` with that signature (`resolve_adv_estimator`).
-Formulas: REFERENCE.md section 1b; seeds 000 s.8 / 14.1 and the basics seed s.6.3 (GAE).
+Formulas: verl's `core_algos.py`; "Policy 与 Value Update", §8 and §14.1, and
+"AI 八股: 大模型基础知识", §6.3 (GAE).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def overlong_penalty(lengths_B: Tensor | Sequence[int], max_len: int, buffer_len
     """DAPO soft overlong punishment, [B] (reward units), to be added to the outcome score.
 
     penalty = min(0, (max_len - buffer_len - L) / buffer_len) * penalty_factor: 0 up to max_len - buffer_len,
-    falling linearly to -penalty_factor at L = max_len (basics seed s.9.4; verl `dapo` reward manager).
+    falling linearly to -penalty_factor at L = max_len ("AI 八股: 大模型基础知识", §9.4; verl `dapo` reward
+    manager).
     L counts the response tokens the length budget counts (agentrl: everything after the prompt).
     """
     if buffer_len < 1 or buffer_len > max_len:
@@ -101,11 +103,13 @@ def gae_advantages(token_rewards_B_T: Tensor, values_B_T: Tensor, mask_B_T: Tens
     the end: delta = r_t + gamma * V_next - V_t; g = delta + gamma * lam * A_next; where mask_t = 1, V_next = V_t
     and A_next = g; where mask_t = 0 (tool observations, template glue, padding) both carry over unchanged, so an
     observation span is skipped rather than treated as a step or as the end of the episode (verl's multi-turn
-    GAE; the basics seed's `compute_gae` stops at the first mask-0 token, which is the same for right padding).
+    GAE; the `compute_gae` of "AI 八股: 大模型基础知识", §7.6, stops at the first mask-0 token, which is the same
+    for right padding).
     Rewards on mask-0 tokens are ignored.
     Returns (advantages_B_T, returns_B_T): returns = A + V from the un-whitened A, the critic's target; the
     advantages are whitened over the mask, (A - mean) / sqrt(var + 1e-8) with the unbiased variance (verl's
-    masked_whiten; the basics seed's teaching version divides by N). Both are 0 where the mask is 0.
+    masked_whiten; the teaching version of "AI 八股: 大模型基础知识", §7.6,
+    divides by N). Both are 0 where the mask is 0.
     """
     if token_rewards_B_T.shape != values_B_T.shape or token_rewards_B_T.shape != mask_B_T.shape:
         raise ValueError(f"gae_advantages wants rewards, values and mask of one [B, T] shape, got "
@@ -150,8 +154,8 @@ def reinforce_pp_advantages(token_rewards_B_T: Tensor, mask_B_T: Tensor, gamma: 
 
     Walking t from the end, on mask-1 tokens: G = r_t + gamma * G, returns_t = G; on mask-0 tokens G carries
     over unchanged (an observation span is neither a step nor an end). verl resets G to 0 at every mask-0 token,
-    which cuts a multi-turn episode's later rewards off from its earlier turns; agentrl carries it
-    (REFERENCE.md 1b). Returns (masked_whiten(returns) * mask, returns * mask), both [B, T].
+    which cuts a multi-turn episode's later rewards off from its earlier turns; agentrl carries it.
+    Returns (masked_whiten(returns) * mask, returns * mask), both [B, T].
     """
     dtype = torch.promote_types(token_rewards_B_T.dtype, torch.float32)
     rewards, keep = token_rewards_B_T.to(dtype), mask_B_T.bool()

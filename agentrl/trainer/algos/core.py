@@ -2,7 +2,8 @@
 aggregation, and memory-frugal log-probabilities / entropy from logits.
 
 Pure functions over torch tensors: no models, no config objects. Formulas follow verl's `core_algos.py`
-(REFERENCE.md section 1); deliberate differences are stated where they occur.
+(GRPO advantages, the clipped loss with dual clip, the KL estimators, `agg_loss`); deliberate differences are
+stated where they occur.
 Shape suffixes: B trajectories, T response tokens (padded), V vocabulary. Masks are 0/1 tensors (bool, int or
 float) shaped like the tensor they select from; 1 marks a token sampled by the policy.
 """

@@ -1,5 +1,5 @@
 """Reward-side reference KL: the controllers of its coefficient beta and the shaped token rewards
-(seed 000 s.7.1; REFERENCE.md 1b)."""
+("Policy 与 Value Update", §7.1; the adaptive controller of Ziegler et al.)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def apply_kl_in_reward(token_scores_B_T: Tensor, old_logprobs_B_T: Tensor, ref_l
     token_scores_B_T: [B, T] (e.g. `token_level_rewards`); old/ref log-probs [B, T] (nats) of pi_old and the
     frozen reference; mask_B_T: [B, T]; kl_coef: beta (the controller's `value`). Mask-0 tokens come back 0.
     Metrics (floats): actor/reward_kl_penalty, the KL as the controller reads it (mean over the policy tokens
-    of each trajectory, then over trajectories with at least one, seed 000 s.7.1), and
+    of each trajectory, then over trajectories with at least one, "Policy 与 Value Update", §7.1), and
     actor/reward_kl_penalty_coeff = beta.
     """
     keep = mask_B_T.bool()

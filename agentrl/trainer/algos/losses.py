@@ -5,7 +5,7 @@ advantages, mask (all [B, T] but advantages [B] or [B, T]), clip_ratio_low, clip
 agg_mode, num_tokens, num_seqs, scale_factor (as `agg_loss`), is_weights ([B, T] rollout-correction weights or
 None), plus the loss's own knobs (clip_cov_ratio, ...). Each returns (loss, metrics) with the metrics
 pg_clipfrac, ppo_kl and pg_clipfrac_lower as detached 0-dim tensors over the call's policy tokens.
-Formulas: REFERENCE.md section 1b; seed 000 s.5.2, 8; verl `core_algos.py` for clip_cov / kl_cov / cispo.
+Formulas: verl's `core_algos.py` (clip_cov / kl_cov / cispo too); "Policy 与 Value Update", §5.2 and §8.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of GSPO's token log ratio (verl)
 def value_loss(vpreds_B_T: Tensor, returns_B_T: Tensor, old_values_B_T: Tensor, mask_B_T: Tensor,
                cliprange_value: float, agg_mode: str = "token-mean", *, num_tokens: int | Tensor | None = None,
                num_seqs: int | Tensor | None = None, scale_factor: float | None = None) -> tuple[Tensor, Tensor]:
-    """Clipped value loss of the critic (seed 000 s.8), to minimise.
+    """Clipped value loss of the critic ("Policy 与 Value Update", §8), to minimise.
 
     vpreds_B_T: [B, T] current critic values (differentiable); returns_B_T: [B, T] targets (GAE returns);
     old_values_B_T: [B, T] the critic's values before this update; mask_B_T: [B, T].
@@ -283,7 +283,7 @@ def ppo_objective(
     ref_logprobs: Tensor | None = None, kl_loss_coef: float = 0.0, kl_loss_type: str = "low_var_kl",
     entropy: Tensor | None = None, entropy_coeff: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
-    """The actor's loss for one micro-batch (seed 000 s.5), to minimise:
+    """The actor's loss for one micro-batch ("Policy 与 Value Update", §5), to minimise:
 
         loss = pg(loss_mode; is_weights) + kl_loss_coef * agg(kl_penalty(logp, ref, kl_loss_type)) - entropy_coeff * agg(H)
 

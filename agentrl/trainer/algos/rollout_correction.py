@@ -1,6 +1,6 @@
 """Rollout correction: importance weights pi_old / pi_rollout for the mismatch between the engine that sampled
 and the trainer (TIS truncation or IcePop masking, token or sequence level) and rejection of tokens or
-trajectories whose ratio leaves a band (seed 000 s.2-3; REFERENCE.md 1b; verl `rollout_corr_helper.py`).
+trajectories whose ratio leaves a band ("Policy 与 Value Update", §2-3; verl `rollout_corr_helper.py`).
 
 The weights multiply only the policy-gradient token losses (`ppo_objective(is_weights=...)`), never ppo_kl,
 the entropy or the reference KL. Metrics are floats named `rollout_corr/...`.
@@ -88,7 +88,7 @@ def rollout_rejection_mask(log_ratio_B_T: Tensor, mask_B_T: Tensor, level: str, 
     level "token": a token is rejected when exp(log_ratio_t) is outside [lower, upper]; "sequence": the whole
     trajectory when exp(sum_t m*log_ratio) is; "geometric": when exp(mean_t log_ratio) (the per-token geometric
     mean) is. log_ratio = old_logp - rollout_logp. Keep the loss normalisation at the counts before rejection
-    (seed 000 s.13): rejection changes the objective's scale, not its micro-batch invariance.
+    ("Policy 与 Value Update", §13): rejection changes the objective's scale, not its micro-batch invariance.
     Metrics: rollout_corr/rejected_frac (share of policy tokens rejected), rollout_corr/rejected_seq_frac
     (share of non-empty trajectories with at least one rejected token).
     """

@@ -89,7 +89,7 @@ def test_grpo_run_resume_rerun_and_export(ray_session, tiny_model_dir, calc_task
     # Running the finished run again does nothing and leaves final_model as it is.
     written = (run / "final_model" / "model.safetensors").stat().st_ino
     assert train(config(tiny_model_dir, calc_tasks, calculator_service, run)) == {}
-    assert "run already complete at step 2 (use trainer.resume=never to start over)" in capsys.readouterr().out
+    assert "run already complete at step 2 in " in capsys.readouterr().out
     assert (run / "final_model" / "model.safetensors").stat().st_ino == written
 
     # A run stopped after step 2 and resumed from the step-1 checkpoint: metrics.jsonl and episodes.jsonl hold

@@ -227,3 +227,16 @@ async def test_prompt_longer_than_the_context_window_is_infra_error(tiny_tokeniz
     episode = await loop.run(task)
     assert (episode.finish_reason, episode.metrics["stop_detail"]) == ("infra_error", "prompt_too_long")
     assert episode.infra_error and engine.calls == []
+
+
+async def test_the_replay_record_names_a_local_model_by_its_absolute_path(tiny_tokenizer, registry, tmp_path,
+                                                                           monkeypatch):
+    """`agentrl replay` reads the recorded model from any directory, not only from where the run started."""
+    (tmp_path / "runs" / "tiny-model").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    loop, engine, task = make(tiny_tokenizer, registry, ["<answer>4</answer>", "<answer>4</answer>"])
+    engine.model_path = "runs/tiny-model"
+    episode = await loop.run(task)
+    assert episode.replay["engine"]["model"] == str(tmp_path / "runs" / "tiny-model")
+    engine.model_path = "Qwen/Qwen2.5-3B-Instruct"  # a Hugging Face id (an SGLang server's model) stays as it is
+    assert (await loop.run(task)).replay["engine"]["model"] == "Qwen/Qwen2.5-3B-Instruct"

@@ -228,3 +228,9 @@ def test_cli_init_model(tmp_path, capsys):
 def test_text_is_nfc_normalised_like_qwen2(tokenizer):
     # transformers loads qwen2-type tokenizers with Qwen2's NFC normaliser; decomposed accents come back composed.
     assert tokenizer.decode(encode(tokenizer, "cafe\u0301")) == "caf\u00e9"
+
+
+def test_the_model_files_are_readable_by_everyone(tiny_model_dir):
+    """safetensors writes weights 0600; a model another account (a server, a colleague) loads needs 0644."""
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in tiny_model_dir.iterdir()} == \
+        {f.name: "0o644" for f in tiny_model_dir.iterdir()}

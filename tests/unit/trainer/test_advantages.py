@@ -1,4 +1,5 @@
-"""Advantage estimators, token rewards and overlong shaping against hand-computed numbers (REFERENCE.md 1b)."""
+"""Advantage estimators, token rewards and overlong shaping against hand-computed numbers
+(verl's `core_algos.py` formulas)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RL math against hand-computed numbers (REFERENCE.md section 1) and against plain-torch references."""
+"""RL math against hand-computed numbers (verl's `core_algos.py` formulas) and against plain-torch references."""
 
 from __future__ import annotations
 

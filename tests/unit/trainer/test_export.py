@@ -57,6 +57,8 @@ def test_exported_model_has_the_trained_weights(trained, tiny_model_dir, tmp_pat
     assert torch.equal(logits(exported, tokenizer), logits(reference, tokenizer))
     assert not torch.equal(logits(exported, tokenizer), initial)  # the checkpoint is not the starting model
     assert tokenizer.chat_template == AutoTokenizer.from_pretrained(tiny_model_dir).chat_template
+    # readable by the machine's other accounts (an inference server, a colleague): safetensors alone writes 0600
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in out.iterdir()} == {f.name: "0o644" for f in out.iterdir()}
 
 
 def test_a_checkpoint_resolves_to_a_cached_model_dir(trained, tiny_model_dir):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from agentrl.config import load_config, save_config
 from agentrl.errors import one_line
@@ -14,6 +15,8 @@ from agentrl.trainer.checkpoint import begin_checkpoint, commit_checkpoint, list
 from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.metrics import read_metrics
 from agentrl.trainer.resume import (
+    RECORDED_PATHS,
+    CompletedRunError,
     ResumeConfigError,
     mark_complete,
     plan_start,
@@ -68,6 +71,39 @@ def test_a_finished_run_is_complete_until_total_steps_grows(tmp_path):
     extended = plan_start(cfg(run, "trainer.total_steps=5"))
     assert (extended.complete, extended.step, extended.checkpoint.name) == (False, 3, "step_000003")
     assert plan_start(cfg(run, "trainer.resume=never")).checkpoint is None
+
+
+def test_a_finished_run_asked_with_other_data_says_so_instead_of_claiming_completion(tmp_path):
+    run = tmp_path / "run"
+    fake_run(run, 3, cfg(run))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(CompletedRunError) as e:
+        plan_start(cfg(run, "data.train_files=[data/other.parquet]", "actor.lr=2e-5"))
+    message = str(e.value)
+    assert message == one_line(message)
+    assert message == (f"{run} holds a run completed at step 3 with another config (actor.lr (1e-06 -> 2e-05), "
+                       "data.train_files (['data/t.jsonl'] -> ['data/other.parquet'])); to train this config, set "
+                       "another trainer.run_dir, remove the directory, or pass trainer.resume=never (moves it aside)")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    many = cfg(run, "actor.lr=2e-5", "rollout.n=2", "data.seed=4", "agent.max_assistant_turns=2")
+    with pytest.raises(CompletedRunError, match=r"\(\d+ -> \d+\) and 1 more\); to train"):
+        plan_start(many)
+    assert plan_start(cfg(run, "trainer.total_steps=2")).complete  # fewer steps: the same run, already done
+
+
+def test_the_recorded_configs_hold_absolute_paths_and_match_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "m").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.jsonl").write_text("")
+    config = cfg("run")
+    prepare_run_dir(config, plan_start(config))
+    recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert recorded["model"]["path"] == str(tmp_path / "runs" / "m")
+    assert recorded["data"]["train_files"] == [str(tmp_path / "data" / "t.jsonl")]
+    assert recorded["tools"]["config"] is None and "tools.config" in RECORDED_PATHS
+    mark_complete(tmp_path / "run", 3)
+    assert plan_start(config).complete  # the relative paths of the command are the recorded absolute ones
 
 
 def test_a_changed_key_the_checkpoint_depends_on_stops_the_resume_before_anything_is_written(tmp_path):

@@ -1,4 +1,5 @@
-"""The critic's clipped value loss: the seed's numbers, micro-batch invariance and gradients."""
+"""The critic's clipped value loss: the numbers of "Policy 与 Value Update", §8.1,
+micro-batch invariance and gradients."""
 
 from __future__ import annotations
 
