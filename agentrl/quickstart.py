@@ -267,8 +267,10 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
                           clip_ratio_high=0.28),
         trainer=TrainerConfig(total_steps=s.grpo_steps, run_dir=str(run_dir), resume="never", seed=grpo_seed(s),
                               test_freq=0, save_freq=0, save_hf_model=True,
-                              # code episodes whose sandbox calls fail stop the run: never train on less silently
-                              max_infra_failed_fraction=0.25 if needs_sandbox(s) else 1.0),
+                              # every run stops on failing services (the trainer's rules); code runs stop sooner,
+                              # at a quarter of a step's episodes lost to the sandbox: never train on less silently
+                              max_infra_failed_fraction=0.25 if needs_sandbox(s)
+                              else TrainerConfig.max_infra_failed_fraction),
     )
     if not s.rl_overrides:
         return cfg

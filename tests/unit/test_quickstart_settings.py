@@ -287,7 +287,9 @@ def test_code_runs_grade_and_stop_in_the_sandbox(tmp_path):
     assert cfg.rollout.max_concurrent_episodes == code.max_concurrent_episodes
     assert cfg.agent.max_new_tokens_per_turn == code.max_new_tokens_per_turn
     calc = train_config(settings(), "model", ["rl.jsonl"], "http://127.0.0.1:1", tmp_path)
-    assert calc.reward.sandbox_url is None and calc.trainer.max_infra_failed_fraction == 1.0
+    # calc/lookup runs stop on failing tool services by the trainer's default rules, as any `agentrl train`
+    assert calc.reward.sandbox_url is None and calc.trainer.max_infra_failed_fraction == 0.5
+    assert calc.trainer.infra_streak_steps == 3 and calc.trainer.infra_streak_fraction == 0.25
     assert calc.agent.max_new_tokens_per_turn == 128  # the calc/lookup recipe as measured
 
 
