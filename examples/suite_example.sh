@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source examples/knobs.sh
 
+echo "== [$NAME] a pipeline demo: at its default budgets GRPO does not move held-out pass@1"
+echo "   (examples/$NAME/README.md); \`agentrl quickstart\` shows GRPO learning"
 echo "== [$NAME] data -> $DATA"
 "$AGENTRL" data make "$NAME" --split train --n "$N_TRAIN" "$DATA/$NAME-train.jsonl" --seed 0
 "$AGENTRL" data make "$NAME" --split heldout --n "$N_EVAL" "$DATA/$NAME-heldout.jsonl" --seed 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GRPO of Qwen2.5-3B-Instruct on the calc suite, one 8-GPU node: SGLang rollout servers on GPUs 0-3, a Ray +
 # FSDP2 trainer (4 ranks, bf16 compute, fp32 master weights) on GPUs 4-7, the calculator as an HTTP tool
-# service. GPU only: it cannot run on the CPU test machines (see README.md).
+# service. GPU only: it cannot run on the CPU test machines, and only DRY_RUN=1 has ever run (see README.md).
 #
 #   bash examples/qwen2.5-3b-sglang/run.sh                        # the full run (configs/calc_qwen2.5-3b_sglang.yaml)
 #   DRY_RUN=1 bash examples/qwen2.5-3b-sglang/run.sh              # print every command + the resolved config
@@ -67,9 +67,10 @@ fi
 run "$AGENTRL" data make calc --split train --n "$N_TRAIN" "$DATA/calc-train.jsonl" --seed 0
 run "$AGENTRL" data make calc --split heldout --n "$N_EVAL" "$DATA/calc-heldout.jsonl" --seed 0
 
-# 3. SGLang servers, one per TP group of SGLANG_GPUS, with the flags RL needs (memory saver, explicit
-#    mem-fraction, loopback); `launch-sglang` waits for every /health and writes the URLs file. It runs
-#    under a SIGTERM handler so that the EXIT trap's kill stops the servers it started as well.
+# 3. SGLang servers, one per TP group of SGLANG_GPUS (memory saver, explicit mem-fraction, loopback; the trainer
+#    does not release their memory, so it trains on GPUs of its own); `launch-sglang` waits for every /health and
+#    writes the URLs file. It runs under a SIGTERM handler so that the EXIT trap's kill stops the servers it
+#    started as well.
 if [[ -z ${URLS:-} ]]; then
   mkdir -p "$OUT"
   rm -f "$OUT/sglang_urls.txt"
