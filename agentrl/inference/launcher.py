@@ -2,9 +2,9 @@
 
 Flags RL needs: `--enable-memory-saver` (without it `SGLangEngine.release/resume_memory_occupation` fail; no
 trainer code calls them yet, so the servers keep their memory and the trainer needs GPUs of its own), an explicit
-`--mem-fraction-static`, `--tp-size`, and loopback hosts. None of this has run against a real SGLang server
-(docs/engines.md, "Not yet verified"). Each server gets its own GPUs through CUDA_VISIBLE_DEVICES. `launch_sglang_servers` waits for every
-server's /health and kills the whole set if any of them dies or times out.
+`--mem-fraction-static`, `--tp-size`, and loopback hosts. Each server gets its own GPUs through
+CUDA_VISIBLE_DEVICES. `launch_sglang_servers` waits for every server's /health and kills the whole set if any of
+them dies or times out. None of this has run against a real SGLang server (docs/engines.md, "Not yet verified").
 """
 
 from __future__ import annotations
