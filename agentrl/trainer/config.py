@@ -29,6 +29,7 @@ from agentrl.trainer.algos import (
     NEEDS_CRITIC,
     NEEDS_OLD_LOGPROBS,
     POLICY_LOSSES,
+    PolicyLossKnobs,
     resolve_adv_estimator,
     resolve_policy_loss,
 )
@@ -108,10 +109,6 @@ class PolicyLossConfig:
         if self.ppo_kl_coef < 0:
             raise ValueError(f"actor.policy_loss.ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}")
 
-    def options(self) -> dict[str, float]:
-        """The knobs handed to the loss function (each loss takes the ones it declares)."""
-        return {"clip_cov_ratio": self.clip_cov_ratio, "clip_cov_lb": self.clip_cov_lb, "clip_cov_ub": self.clip_cov_ub,
-                "kl_cov_ratio": self.kl_cov_ratio, "ppo_kl_coef": self.ppo_kl_coef}
 
 
 @dataclass
@@ -179,6 +176,14 @@ class ActorConfig:
             raise ValueError(f"actor.kl_loss_type {self.kl_loss_type!r} is not one of {', '.join(KL_TYPES)}")
         if self.world_size < 1:
             raise ValueError(f"actor.world_size must be >= 1, got {self.world_size}")
+
+    def policy_loss_knobs(self) -> PolicyLossKnobs:
+        """The policy-loss knobs of this config (clip ranges and `policy_loss.*`), as every loss mode receives them."""
+        p = self.policy_loss
+        return PolicyLossKnobs(
+            clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
+            clip_cov_ratio=p.clip_cov_ratio, clip_cov_lb=p.clip_cov_lb, clip_cov_ub=p.clip_cov_ub,
+            kl_cov_ratio=p.kl_cov_ratio, ppo_kl_coef=p.ppo_kl_coef)
 
 
 @dataclass

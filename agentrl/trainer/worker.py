@@ -21,6 +21,7 @@ from tensordict import TensorDict
 
 from agentrl.inference.kv_batch import cache_kwarg
 from agentrl.trainer.algos import (
+    PolicyLossInputs,
     agg_loss,
     entropy_from_logits,
     logprobs_and_entropy_from_logits,
@@ -205,14 +206,16 @@ class PolicyWorker(FSDPWorker):
             old = logp.detach() * mb["loss_mask"].to(self.device)
             self._reused_old.append(old.cpu())
         optional = {name: mb[name].to(self.device) if name in mb.keys() else None
-                    for name in ("rollout_is_weights", "ref_logprobs")}
+                    for name in ("rollout_logprobs", "rollout_is_weights", "ref_logprobs")}
+        inputs = PolicyLossInputs(
+            logprobs_B_T=logp, old_logprobs_B_T=old, advantages_B_T=mb["advantages"].to(self.device),
+            mask_B_T=mb["loss_mask"].to(self.device), rollout_logprobs_B_T=optional["rollout_logprobs"],
+            is_weights_B_T=optional["rollout_is_weights"], agg_mode=a.loss_agg_mode, num_tokens=num_tokens,
+            num_seqs=num_seqs, scale_factor=a.loss_scale_factor)
         return ppo_objective(
-            logp, old, mb["advantages"].to(self.device),
-            mb["loss_mask"].to(self.device), loss_mode=a.policy_loss.loss_mode, loss_options=a.policy_loss.options(),
-            clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
-            agg_mode=a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, scale_factor=a.loss_scale_factor,
-            is_weights=optional["rollout_is_weights"], ref_logprobs=optional["ref_logprobs"] if a.use_kl_loss else None,
-            kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, entropy=ent, entropy_coeff=a.entropy_coeff)
+            inputs, a.policy_loss.loss_mode, a.policy_loss_knobs(),
+            ref_logprobs_B_T=optional["ref_logprobs"] if a.use_kl_loss else None, kl_loss_coef=a.kl_loss_coef,
+            kl_loss_type=a.kl_loss_type, entropy_B_T=ent, entropy_coeff=a.entropy_coeff)
 
     def _sft_loss(self, mb: TensorDict, num_tokens: int, num_seqs: int, temperature: float):
         logp, _ = self._forward(self.model, mb, 1.0, False)

@@ -6,9 +6,10 @@ Pure functions over torch tensors: no models, no config objects. Formulas follow
 Shape suffixes: B trajectories, T response tokens (padded), V vocabulary. Masks are 0/1 tensors (bool, int or
 float) shaped like the tensor they select from; 1 marks a token sampled by the policy.
 
-Modules: `core` (reductions, GRPO, vanilla PPO loss, KL estimators, agg_loss, logprobs), `advantages`
-(estimators and their registry), `losses` (value loss, the other policy losses, their registry, the objective),
-`kl_control` (reward-side KL and its coefficient), `rollout_correction` (importance weights, rejection).
+Modules: `core` (reductions, GRPO, KL estimators, agg_loss, logprobs), `advantages` (estimators and their
+registry), `loss_records` (PolicyLossInputs, PolicyLossKnobs, LossOutputs), `losses` (value loss, the policy
+losses and their registry), `objective` (the actor's total loss), `kl_control` (reward-side KL and its
+coefficient), `rollout_correction` (importance weights, rejection).
 Import from `agentrl.trainer.algos`.
 """
 
@@ -31,12 +32,15 @@ from agentrl.trainer.algos.core import (
     masked_sum,
     masked_var,
     masked_whiten,
-    policy_loss_vanilla,
 )
 from agentrl.trainer.algos.kl_control import *  # noqa: F403
 from agentrl.trainer.algos.kl_control import __all__ as _kl_control_all
+from agentrl.trainer.algos.loss_records import *  # noqa: F403
+from agentrl.trainer.algos.loss_records import __all__ as _loss_records_all
 from agentrl.trainer.algos.losses import *  # noqa: F403
 from agentrl.trainer.algos.losses import __all__ as _losses_all
+from agentrl.trainer.algos.objective import *  # noqa: F403
+from agentrl.trainer.algos.objective import __all__ as _objective_all
 from agentrl.trainer.algos.rollout_correction import *  # noqa: F403
 from agentrl.trainer.algos.rollout_correction import __all__ as _rollout_correction_all
 
@@ -57,9 +61,10 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
-    "policy_loss_vanilla",
     *_advantages_all,
     *_kl_control_all,
+    *_loss_records_all,
     *_losses_all,
+    *_objective_all,
     *_rollout_correction_all,
 ]

@@ -1,8 +1,8 @@
-"""RL math core: masked reductions, GRPO advantages, the clipped PPO policy loss, reference-KL estimators, loss
-aggregation, and memory-frugal log-probabilities / entropy from logits.
+"""RL math core: masked reductions, GRPO advantages, reference-KL estimators, loss aggregation, and
+memory-frugal log-probabilities / entropy from logits.
 
 Pure functions over torch tensors: no models, no config objects. Formulas follow verl's `core_algos.py`
-(GRPO advantages, the clipped loss with dual clip, the KL estimators, `agg_loss`); deliberate differences are
+(GRPO advantages, the KL estimators, `agg_loss`); deliberate differences are
 stated where they occur.
 Shape suffixes: B trajectories, T response tokens (padded), V vocabulary. Masks are 0/1 tensors (bool, int or
 float) shaped like the tensor they select from; 1 marks a token sampled by the policy.
@@ -211,58 +211,6 @@ def agg_loss(
     else:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; valid modes: {', '.join(AGG_MODES)}")
     return per_seq_B.sum() / _count(num_seqs, loss_B_T.shape[0], loss_B_T)
-
-
-# ------------------------------------------------------------------------------------------------- policy loss
-
-
-def policy_loss_vanilla(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
-    agg_mode: str = "token-mean", num_tokens: int | Tensor | None = None, num_seqs: int | Tensor | None = None,
-    scale_factor: float | None = None, is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
-    """Clipped PPO surrogate with dual clip, to minimise.
-
-    logprobs: [B, T] current policy log p of the sampled tokens (nats, differentiable); old_logprobs:
-    [B, T] the same under the policy that the ratio is anchored to; advantages: [B] or [B, T]; mask: [B, T].
-    Per token: ratio = exp(clamp(logp - old_logp, -20, 20)); loss = max(-A*ratio, -A*clip(ratio, 1-low, 1+high));
-    for A < 0 the loss is further capped at clip_ratio_c * |A| (dual clip). `is_weights` ([B, T], rollout
-    correction, detached) multiply the token losses. Aggregated with `agg_loss` (`agg_mode`, `num_tokens`,
-    `num_seqs`, `scale_factor` as there). This loss takes (logprobs, old_logprobs) in that order; the other
-    losses of `POLICY_LOSSES` take verl's (old_logprobs, logprobs): call them by keyword.
-    Metrics are detached 0-dim tensors over this call's masked tokens (call `.item()` when logging):
-    pg_clipfrac (share of tokens where the clipped term is the larger loss), ppo_kl (mean of old_logp - logp,
-    clamped: how far this update moved, not the reference KL), pg_clipfrac_lower (share of all masked tokens
-    that are A < 0 tokens hit by the dual clip, as verl counts it).
-    """
-    if clip_ratio_c <= 1:
-        raise ValueError(f"clip_ratio_c must be > 1 (dual-clip cap on the loss of A < 0 tokens), got {clip_ratio_c}")
-    if not 0 <= clip_ratio_low < 1 or clip_ratio_high < 0:
-        got = f"got low={clip_ratio_low} high={clip_ratio_high}"
-        raise ValueError(f"clip ratios must satisfy 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, {got}")
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    if adv.shape[0] != logprobs.shape[0] or adv.shape[1] not in (1, logprobs.shape[1]):
-        got = f"{tuple(advantages.shape)} for logprobs of shape {tuple(logprobs.shape)}"
-        raise ValueError(f"advantages must be [B] or [B, T], got {got}")
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    pg_unclipped = -adv * ratio
-    pg_clipped = -adv * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    pg_max = torch.maximum(pg_unclipped, pg_clipped)
-    dual_cap = -adv * clip_ratio_c
-    loss_B_T = torch.where(adv < 0, torch.minimum(pg_max, dual_cap), pg_max)
-    if is_weights is not None:
-        loss_B_T = loss_B_T * is_weights.detach()
-    loss = agg_loss(loss_B_T, mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, scale_factor=scale_factor)
-    with torch.no_grad():
-        dtype = log_ratio.dtype
-        metrics = {
-            "pg_clipfrac": masked_mean((pg_clipped > pg_unclipped).to(dtype), mask),
-            "ppo_kl": masked_mean(-log_ratio, mask),
-            "pg_clipfrac_lower": masked_mean(((pg_max > dual_cap) & (adv < 0)).to(dtype), mask),
-        }
-    return loss, {name: value.detach() for name, value in metrics.items()}
 
 
 # ------------------------------------------------------------------------------- log-probs / entropy from logits

@@ -71,9 +71,8 @@ def estimator(inputs):
 def two_args(a, b):
     return a, b
 
-def my_loss(*, logprobs, old_logprobs, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-            agg_mode, num_tokens, num_seqs, scale_factor, is_weights, clip_cov_ratio=0.0):
-    return (-(advantages[:, None] * logprobs) * mask).sum() / num_tokens, {"seen_ratio": clip_cov_ratio}
+def my_loss(inputs, options):
+    return inputs.agg(-inputs.advantages_B_T * inputs.logprobs_B_T), {"seen_ratio": options.clip_cov_ratio}
 """
 
 
@@ -84,8 +83,20 @@ def test_module_function_escape_hatches_are_signature_checked(tmp_path, monkeypa
     assert cfg.algorithm.adv_estimator == "my_algos:estimator"
     with pytest.raises(ConfigError, match="must accept one argument"):
         load("algorithm.adv_estimator=my_algos:two_args")
-    with pytest.raises(ConfigError, match="must accept the keyword arguments"):
+    with pytest.raises(ConfigError, match=r"json:dumps\) must accept \(inputs: PolicyLossInputs, options: "
+                                          r"PolicyLossKnobs\) and return LossOutputs"):
         load("actor.policy_loss.loss_mode=json:dumps")
+
+
+def test_policy_loss_knobs_carry_the_configured_values():
+    cfg = load("actor.clip_ratio_low=0.1", "actor.clip_ratio_high=0.28", "actor.clip_ratio_c=4.0",
+               "actor.policy_loss.clip_cov_ratio=0.01", "actor.policy_loss.clip_cov_lb=0.5",
+               "actor.policy_loss.clip_cov_ub=6.0", "actor.policy_loss.kl_cov_ratio=0.02",
+               "actor.policy_loss.ppo_kl_coef=0.3")
+    knobs = cfg.actor.policy_loss_knobs()
+    assert (knobs.clip_ratio_low, knobs.clip_ratio_high, knobs.clip_ratio_c) == (0.1, 0.28, 4.0)
+    assert (knobs.clip_cov_ratio, knobs.clip_cov_lb, knobs.clip_cov_ub) == (0.01, 0.5, 6.0)
+    assert (knobs.kl_cov_ratio, knobs.ppo_kl_coef) == (0.02, 0.3)
 
 
 def test_bypass_mode_with_is_weights_needs_the_reinforce_loss():

@@ -9,6 +9,9 @@ import torch
 
 from agentrl.trainer.algos import (
     AGG_MODES,
+    LossOutputs,
+    PolicyLossInputs,
+    VanillaOptions,
     agg_loss,
     broadcast_advantages,
     entropy_from_logits,
@@ -28,8 +31,13 @@ def t(values) -> torch.Tensor:
     return torch.tensor(values, dtype=F64)
 
 
-def one_token_loss(new: float, old: float, adv: float, **kwargs) -> torch.Tensor:
-    loss, _ = policy_loss_vanilla(t([[new]]), t([[old]]), t([adv]), torch.ones(1, 1), **kwargs)
+def vanilla(logp, old, adv, mask, options: VanillaOptions = VanillaOptions(), **agg) -> LossOutputs:
+    """policy_loss_vanilla on one micro-batch; `agg` are PolicyLossInputs' aggregation fields."""
+    return policy_loss_vanilla(PolicyLossInputs(logp, old, adv, mask, **agg), options)
+
+
+def one_token_loss(new: float, old: float, adv: float, **options) -> torch.Tensor:
+    loss, _ = vanilla(t([[new]]), t([[old]]), t([adv]), torch.ones(1, 1), VanillaOptions(**options))
     return loss
 
 
@@ -54,7 +62,7 @@ def test_dual_clip_bounds_loss_and_log_ratio_clamp():
     # log ratio 50 is clamped to 20 before exp: positive advantage is clipped, no overflow anywhere.
     assert one_token_loss(50.0, 0.0, 1.0).item() == pytest.approx(-1.2)
     new = t([[50.0]]).requires_grad_()
-    loss, metrics = policy_loss_vanilla(new, t([[0.0]]), t([-1.0]), torch.ones(1, 1))
+    loss, metrics = vanilla(new, t([[0.0]]), t([-1.0]), torch.ones(1, 1))
     loss.backward()
     assert new.grad.item() == 0.0  # dual-capped and clamped: no gradient pushes further
     assert metrics["ppo_kl"].item() == pytest.approx(-20.0)
@@ -66,7 +74,7 @@ def test_clipfrac_metrics_on_crafted_tokens():
     ratios = [1.5, 1.0, 0.5, 4.0, 10.0]  # last token is masked out
     advs = [1.0, 1.0, -1.0, -1.0, 1.0]
     logp = t([[math.log(r) for r in ratios]])
-    loss, metrics = policy_loss_vanilla(logp, torch.zeros_like(logp), t([advs]), t([[1, 1, 1, 1, 0]]))
+    loss, metrics = vanilla(logp, torch.zeros_like(logp), t([advs]), t([[1, 1, 1, 1, 0]]))
     # token 1: A>0 ratio 1.5 -> clipped (-1.2); token 3: A<0 ratio 0.5 -> clipped (0.8);
     # token 4: A<0 ratio 4 -> c1 = 4 > 3 -> dual clip (3.0)
     assert loss.item() == pytest.approx((-1.2 - 1.0 + 0.8 + 3.0) / 4)
@@ -81,8 +89,8 @@ def test_advantages_per_sequence_equal_broadcast_per_token():
     logp, old = torch.randn(3, 4, dtype=F64), torch.randn(3, 4, dtype=F64)
     mask = (torch.rand(3, 4) > 0.3).to(F64)
     adv_B = t([0.7, -1.3, 0.0])
-    loss_seq, _ = policy_loss_vanilla(logp, old, adv_B, mask)
-    loss_tok, _ = policy_loss_vanilla(logp, old, broadcast_advantages(adv_B, mask), mask)
+    loss_seq, _ = vanilla(logp, old, adv_B, mask)
+    loss_tok, _ = vanilla(logp, old, broadcast_advantages(adv_B, mask), mask)
     assert loss_seq.item() == pytest.approx(loss_tok.item(), abs=1e-12)
     assert torch.equal(broadcast_advantages(adv_B, mask)[1], -1.3 * mask[1])
 
@@ -99,7 +107,7 @@ def test_gradients_exactly_zero_on_masked_tokens():
     for mode in AGG_MODES:
         for kind in ("k1", "k3", "k3+", "abs"):
             logp.grad = None
-            pg, _ = policy_loss_vanilla(logp, old, t([1.0, -1.0, 0.5, -2.0]), mask, agg_mode=mode, scale_factor=6)
+            pg, _ = vanilla(logp, old, t([1.0, -1.0, 0.5, -2.0]), mask, agg_mode=mode, scale_factor=6)
             kl = agg_loss(kl_penalty(logp, ref, kind), mask, mode, scale_factor=6)
             (pg + 0.1 * kl).backward()
             assert torch.all(logp.grad[~mask] == 0)
@@ -154,7 +162,7 @@ def test_micro_batch_invariance(mode: str):
             width = int(lengths[rows].max().clamp_min(1))  # micro-batches padded to their own horizon
             cut = (rows, slice(0, width))
             kwargs = dict(num_tokens=num_tokens, num_seqs=num_seqs, scale_factor=T)
-            pg, _ = policy_loss_vanilla(logp_leaf[cut], old[cut], adv[rows], mask[cut], agg_mode=mode, **kwargs)
+            pg, _ = vanilla(logp_leaf[cut], old[cut], adv[rows], mask[cut], agg_mode=mode, **kwargs)
             kl = agg_loss(kl_penalty(logp_leaf[cut], ref[cut], "low_var_kl"), mask[cut], mode, **kwargs)
             (pg + 0.1 * kl).backward()
         return logp_leaf.grad.clone()
