@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Bottom to top. A name stands for the module and everything under it.
 LAYERS = [
     ("base", ["agentrl", "agentrl.types", "agentrl.errors", "agentrl.config", "agentrl.numerics",
-              "agentrl.retry", "agentrl.services"]),
+              "agentrl.retry", "agentrl.services", "agentrl.stats"]),
     ("sandbox", ["sandbox"]),
     ("components", ["agentrl.tools", "agentrl.inference", "agentrl.models"]),
     ("agent_loop", ["agentrl.agent_loop"]),
@@ -105,10 +105,10 @@ def cycles(graph: dict[str, dict[str, int]]) -> list[set[str]]:
     stack: list[str] = []
     on_stack: set[str] = set()
     found = []
-    for start in graph:
+    for start, edges in graph.items():
         if start in index:
             continue
-        work = [(start, iter(graph[start]))]
+        work = [(start, iter(edges))]
         index[start] = low[start] = len(index)
         stack.append(start)
         on_stack.add(start)
@@ -174,11 +174,11 @@ def layer_violations(graph: dict[str, dict[str, int]], root: Path) -> list[str]:
             continue
         for target, line in sorted(edges.items()):
             theirs = layer_of(target)
-            if is_entry_point(target) or (theirs is not None and theirs > mine):
-                if (module, target) not in UPWARD_EXCEPTIONS:
-                    where = "an entry point" if is_entry_point(target) else f"layer {LAYERS[theirs][0]!r}"
-                    problems.append(f"{path}:{line}: {module} (layer {LAYERS[mine][0]!r}) imports {target} "
-                                    f"({where}), which is above it")
+            upward = is_entry_point(target) or (theirs is not None and theirs > mine)
+            if upward and (module, target) not in UPWARD_EXCEPTIONS:
+                where = "an entry point" if is_entry_point(target) else f"layer {LAYERS[theirs][0]!r}"
+                problems.append(f"{path}:{line}: {module} (layer {LAYERS[mine][0]!r}) imports {target} "
+                                f"({where}), which is above it")
     return problems
 
 
