@@ -260,7 +260,7 @@ def check_train(cfg) -> None:
 
 def check_sft(cfg) -> None:
     """Everything `agentrl sft` reads before it loads weights (an `SFTConfig`); raises PreflightError."""
-    from agentrl.trainer.sft import load_demos
+    from agentrl.data.demos import load_demos
 
     problems = check_model_dir(cfg.model.path, "model.path", tokenizer_path=cfg.model.tokenizer_path)
     if not cfg.data.train_files:

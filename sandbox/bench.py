@@ -21,6 +21,8 @@ import statistics
 import sys
 import time
 
+from agentrl.stats import percentile, process_cpu_s
+
 SNIPPET = "print(sum(range(100)))"
 EXPECTED = "4950\n"
 CPP_SNIPPET = ("#include <iostream>\n#include <vector>\n#include <numeric>\nint main() {\n"
@@ -41,12 +43,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SandboxConfig override for the service this benchmark starts")
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds of `pid` plus its reaped children (user + system), from /proc/PID/stat."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
 CPUACCT_V1 = "/sys/fs/cgroup/cpuacct"
 _service_cpuacct: str | None = None  # the cpuacct cgroup (v1) the bench started the service in, if any
 
@@ -61,18 +57,13 @@ def _service_cpu_s(health: dict) -> float | None:
     if health.get("cgroup_version") == 2 and os.path.exists(f"/proc/{health['pid']}/stat"):
         with open(os.path.join(health["cgroup_parents"][0], "cpu.stat")) as f:
             usage = dict(line.split() for line in f)
-        return int(usage["usage_usec"]) / 1e6 + _proc_cpu_s(health["pid"])
+        return int(usage["usage_usec"]) / 1e6 + process_cpu_s(health["pid"], children=True)
     return None
 
 
 def _own_children_cpu_s() -> float:
     t = os.times()
     return t.children_user + t.children_system
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def _cpu_summary(cpu: dict[str, float], n_total: int, *, decimals: int) -> str:
@@ -145,8 +136,8 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
             bare_rps, _ = await _load(args.requests, conc, bare_with())
             cpu["bare"] += _own_children_cpu_s() - before
             n_total += args.requests
-            print(f"{conc:>4} | {iso_rps:>14.1f} {_pct(iso_lat, .5) * 1e3:>7.1f} {_pct(iso_lat, .99) * 1e3:>7.1f} | "
-                  f"{bare_s_rps:>16.1f} {_pct(bare_s_lat, .5) * 1e3:>7.1f} {_pct(bare_s_lat, .99) * 1e3:>7.1f} | "
+            print(f"{conc:>4} | {iso_rps:>14.1f} {percentile(iso_lat, .5) * 1e3:>7.1f} {percentile(iso_lat, .99) * 1e3:>7.1f} | "
+                  f"{bare_s_rps:>16.1f} {percentile(bare_s_lat, .5) * 1e3:>7.1f} {percentile(bare_s_lat, .99) * 1e3:>7.1f} | "
                   f"{iso_rps / bare_s_rps:>5.2f} | {bare_rps:>10.1f} {iso_rps / bare_rps:>5.2f}")
         if local:
             print(_cpu_summary(cpu, n_total, decimals=1))
@@ -162,8 +153,8 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
                 errors["isolated"] += 1
         final = (await client.post(f"/sessions/{sid}/run", json={"code": "x", "timeout": 10})).json()
         await client.delete(f"/sessions/{sid}")
-        print(f"warm session cell (HTTP round trip, {args.cells} cells): p50 {_pct(cell_lat, .5) * 1e3:.2f} ms, "
-              f"p99 {_pct(cell_lat, .99) * 1e3:.2f} ms, mean {statistics.mean(cell_lat) * 1e3:.2f} ms; "
+        print(f"warm session cell (HTTP round trip, {args.cells} cells): p50 {percentile(cell_lat, .5) * 1e3:.2f} ms, "
+              f"p99 {percentile(cell_lat, .99) * 1e3:.2f} ms, mean {statistics.mean(cell_lat) * 1e3:.2f} ms; "
               f"state kept: {final['stdout'].strip() == str(args.cells)}")
 
         async def session_lifecycle() -> None:  # what an agent episode with the python tool costs the sandbox
@@ -180,7 +171,7 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
         await asyncio.sleep(1.0)
         cpu_note = (f", CPU {(_service_cpu_s(health) - before) / n_sessions * 1e3:.1f} ms each" if local else "")
         print(f"session open + one cell + close ({n_sessions}, concurrency 4): {rate:.1f}/s, p50 "
-              f"{_pct(lat, .5) * 1e3:.1f} ms{cpu_note}")
+              f"{percentile(lat, .5) * 1e3:.1f} ms{cpu_note}")
         health = (await client.get("/health")).json()
     print(f"wrong results: isolated {errors['isolated']}, bare {errors['bare']}; "
           f"SandboxError: {health['sandbox_errors']}")
@@ -254,8 +245,8 @@ async def _bench_cpp(url: str, args: argparse.Namespace) -> int:
             bare_rps, bare_lat = await _load(n, conc, bare)
             cpu["bare"] += _own_children_cpu_s() - before
             n_total += n
-            print(f"{conc:>4} | {iso_rps:>14.2f} {_pct(iso_lat, .5) * 1e3:>7.0f} {_pct(iso_lat, .99) * 1e3:>7.0f} | "
-                  f"{bare_rps:>10.2f} {_pct(bare_lat, .5) * 1e3:>7.0f} {_pct(bare_lat, .99) * 1e3:>7.0f} | "
+            print(f"{conc:>4} | {iso_rps:>14.2f} {percentile(iso_lat, .5) * 1e3:>7.0f} {percentile(iso_lat, .99) * 1e3:>7.0f} | "
+                  f"{bare_rps:>10.2f} {percentile(bare_lat, .5) * 1e3:>7.0f} {percentile(bare_lat, .99) * 1e3:>7.0f} | "
                   f"{iso_rps / bare_rps:>5.2f}")
         if local:
             print(_cpu_summary(cpu, n_total, decimals=0))

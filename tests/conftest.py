@@ -12,7 +12,7 @@ from helpers import QWEN2_TOKENIZER_DIR  # noqa: E402
 
 @pytest.fixture(scope="session")
 def qwen2_tokenizer_dir() -> Path:
-    """The real Qwen2 tokenizer with the Qwen2.5 tool-calling template (tests/data/qwen2-tokenizer, kept in the repository)."""
+    """The real Qwen2 tokenizer with the Qwen2.5 tool-calling template (agentrl/models/qwen2_tokenizer)."""
     if not (QWEN2_TOKENIZER_DIR / "tokenizer_config.json").is_file():
         pytest.fail(f"{QWEN2_TOKENIZER_DIR} is missing from the checkout")
     return QWEN2_TOKENIZER_DIR

@@ -14,7 +14,7 @@ import httpx
 from agentrl.services import free_port, run_service  # noqa: F401  (re-exported for tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-QWEN2_TOKENIZER_DIR = REPO_ROOT / "tests" / "data" / "qwen2-tokenizer"
+QWEN2_TOKENIZER_DIR = REPO_ROOT / "agentrl" / "models" / "qwen2_tokenizer"  # package data: `agentrl bench step` uses it
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:

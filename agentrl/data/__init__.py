@@ -1,4 +1,4 @@
-"""Task data for agentrl: loading task files (tasks.py) and the procedural task suites (suites/)."""
+"""Task data for agentrl: task files (tasks.py), SFT demonstrations (demos.py), the procedural suites (suites/)."""
 
 from agentrl.data.tasks import TaskFormatError, load_tasks, task_from_row
 

@@ -20,8 +20,8 @@ import contextlib
 import gc
 import os
 import time
-from pathlib import Path
 
+from agentrl.stats import percentile, process_cpu_s
 from agentrl.tools.base import tool
 
 
@@ -44,20 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="port for the service this bench starts (0: any free)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="leave the start-up heap to the collector (full collections may land in the load)")
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def _process_cpu_s(pid: int | None) -> float | None:
-    """User+system CPU seconds of process `pid` (Linux /proc); None where unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, TypeError):
-        return None
 
 
 class _GCWatch:
@@ -96,13 +82,13 @@ async def _load(registry, calls: int, latency_ms: float, concurrency: int,
             remaining -= 1
             results.append(await registry.call("delay", {"ms": latency_ms}))
 
-    server_cpu0, cpu0 = _process_cpu_s(server_pid), time.process_time()
+    server_cpu0, cpu0 = process_cpu_s(server_pid), time.process_time()
     start = time.perf_counter()
     with _GCWatch() as collector:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     cpu = {"client": (time.process_time() - cpu0) / calls}
-    server_cpu1 = _process_cpu_s(server_pid)
+    server_cpu1 = process_cpu_s(server_pid)
     if server_cpu0 is not None and server_cpu1 is not None:
         cpu["service"] = (server_cpu1 - server_cpu0) / calls
     errors = sum(r.is_error for r in results)
@@ -113,7 +99,7 @@ def _report(label: str, wall: float, overheads: list[float], errors: int, cpu: d
             calls: int, ideal: float) -> tuple[float, float]:
     rate = calls / wall
     cpu_text = "  ".join(f"{k} {1000 * v:.2f}" for k, v in cpu.items())
-    p50, p99 = _percentile(overheads, 0.5), _percentile(overheads, 0.99)
+    p50, p99 = percentile(overheads, 0.5), percentile(overheads, 0.99)
     print(f"{label:<11} {rate:6.0f} calls/s  ideal {ideal:5.0f}  ratio {rate / ideal:4.2f}  "
           f"overhead p50 {1000 * p50:6.2f} ms  p99 {1000 * p99:6.2f} ms"
           f"  errors {errors}  cpu ms/call: {cpu_text}  gc: {collector.full} full, longest pause "

@@ -1,21 +1,22 @@
 """One GRPO step, phase by phase, on a given model / task / batch; `--vs-trl` runs TRL's GRPOTrainer on the same
 model, prompts and batch in the same run and prints both s/step and the ratio.
 
-    agentrl bench step                      # the issue-16 setup: random 4-layer Qwen2, real Qwen2 tokenizer
+    agentrl bench step                      # the setup below: random 4-layer Qwen2, real Qwen2 tokenizer
     agentrl bench step --vs-trl             # + TRL GRPOTrainer(tools=[multiply]) side by side (pip install trl)
     agentrl bench step --baseline           # + agentrl with this release's step speed-ups off, same run
     agentrl bench step --model runs/tiny-model --tokenizer runs/tiny-model
 
 The setup (defaults): a random Qwen2 (4 layers, hidden 128, intermediate 512, 2 heads / 1 KV head, tied
 embeddings, ~20M parameters, almost all in the 151k-token embedding), saved with the Qwen2 tokenizer and Qwen2.5
-tool template from `tests/data/qwen2-tokenizer` (a source checkout); task "What is {a}*{b}? Use the multiply
+tool template shipped in `agentrl/models/qwen2_tokenizer`; task "What is {a}*{b}? Use the multiply
 tool." with 3-digit a, b and a `multiply(a, b)` tool; exact-answer reward; 1 prompt x 8 episodes per step; at
 most 48 new tokens per turn and up to 2 tool calls; lr 1e-5; loss-side KL coefficient 0.001 (so a reference
 model is used); one optimizer step per step; fp32 everywhere.
 
 Each side runs `--warmup` untimed steps and then `--steps` timed ones; the sides alternate `--rounds` times so a
 change in machine load hits all of them. agentrl's phases come from its own metrics.jsonl (`timing/*`); TRL's
-s/step from a trainer callback around each optimizer step (its generation, reference and update included).
+s/step from a trainer callback around each optimizer step (its generation, reference and update included), in
+`agentrl.trainer.bench_trl`, run as a subprocess.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 from agentrl.tools.base import tool
@@ -50,9 +52,9 @@ def multiply(a: int, b: int) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="HF model dir (default: build the random 4-layer Qwen2 of the issue-16 setup)")
+                        help="HF model dir (default: build the random 4-layer Qwen2 of the bench's setup)")
     parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer dir for the built model (default: tests/data/qwen2-tokenizer of this checkout)")
+                        help="tokenizer dir for the built model (default: the Qwen2 tokenizer agentrl ships)")
     parser.add_argument("--steps", type=int, default=3, help="timed GRPO steps per side and round (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     parser.add_argument("--rounds", type=int, default=1, help="alternations of the sides (default 1)")
@@ -72,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def default_tokenizer_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "tests" / "data" / "qwen2-tokenizer"
+    """The Qwen2 tokenizer shipped as package data of agentrl.models (installed packages included)."""
+    return Path(str(resources.files("agentrl.models").joinpath("qwen2_tokenizer")))
 
 
 def build_model(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
@@ -152,63 +155,13 @@ def run_agentrl(model: Path, tasks: Path, run_dir: Path, args, *, fast: bool) ->
     return rows[args.warmup:]
 
 
-TRL_SCRIPT = r'''
-import json, sys, time
-import torch
-from datasets import Dataset
-from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
-
-model, tasks, out, steps, n, prompts, max_new, seed = sys.argv[1:9]
-steps, n, prompts, max_new, seed = int(steps), int(n), int(prompts), int(max_new), int(seed)
-tok = AutoTokenizer.from_pretrained(model)
-rows = [json.loads(l) for l in open(tasks)]
-ds = Dataset.from_list([{"prompt": r["prompt"], "answer": r["reward"]["ground_truth"]} for r in rows])
-
-def multiply(a: int, b: int) -> str:
-    """Multiply two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return str(int(a) * int(b))
-
-def reward(completions, answer, **kw):
-    def text(c):
-        return c[-1]["content"] if isinstance(c, list) else c
-    return [1.0 if text(c).strip() == a else 0.0 for c, a in zip(completions, answer)]
-
-class Timer(TrainerCallback):
-    def __init__(self):
-        self.times, self.t0 = [], None
-    def on_step_begin(self, args, state, control, **kw):
-        self.t0 = time.perf_counter()
-    def on_step_end(self, args, state, control, **kw):
-        self.times.append(time.perf_counter() - self.t0)
-
-timer = Timer()
-args = GRPOConfig(output_dir=out, per_device_train_batch_size=n * prompts, num_generations=n,
-                  max_completion_length=max_new, max_tool_calling_iterations=2, learning_rate=1e-5, beta=0.001,
-                  max_steps=steps, use_cpu=True, bf16=False, logging_steps=1, report_to=[], save_strategy="no",
-                  seed=seed, temperature=1.0, lr_scheduler_type="constant", disable_tqdm=True)
-trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
-                      tools=[multiply], callbacks=[timer])
-trainer.train()
-tokens = [h.get("num_tokens") for h in trainer.state.log_history if "num_tokens" in h]
-print("TRL_RESULT " + json.dumps({"times": timer.times, "threads": torch.get_num_threads(), "num_tokens": tokens}))
-'''
-
-
 def run_trl(model: Path, tasks: Path, out: Path, args) -> dict:
     try:
         import trl  # noqa: F401
     except ImportError:
         raise SystemExit("--vs-trl needs TRL: `.venv/bin/pip install trl` (an optional extra: pip install "
                          "'agentrl[trl]')") from None
-    script = out.parent / "trl_step.py"
-    script.write_text(TRL_SCRIPT)
-    cmd = [sys.executable, str(script), str(model), str(tasks), str(out), str(args.warmup + args.steps), str(args.n),
+    cmd = [sys.executable, "-m", "agentrl.trainer.bench_trl", str(model), str(tasks), str(out), str(args.warmup + args.steps), str(args.n),
            str(args.prompts), str(args.max_new_tokens), str(args.seed)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TRL_RESULT ")), None)

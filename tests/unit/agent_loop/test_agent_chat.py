@@ -167,7 +167,7 @@ def test_sft_demonstration_prompt_is_the_rollout_prompt(suite, tiny_tokenizer, t
     import json
 
     from agentrl.data.suites.demos import demo_tools, write_demos
-    from agentrl.trainer.sft import load_demos, tokenize_demos
+    from agentrl.data.demos import load_demos, tokenize_demos
 
     demos = tmp_path / "demos.jsonl"
     write_demos(suite, 2, demos, seed=3)

@@ -9,7 +9,8 @@ from transformers import AutoTokenizer
 
 from agentrl.agent_loop.chat import ChatTemplate
 from agentrl.config import load_config
-from agentrl.trainer.sft import SFTConfig, encode_transcript, load_demos, run_sft
+from agentrl.data.demos import encode_transcript, load_demos
+from agentrl.trainer.sft import SFTConfig, run_sft
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
                                            "parameters": {"type": "object", "properties": {
