@@ -9,7 +9,7 @@ TORCH := 2.13.0
 # PyTorch's own index of CPU-only wheels: the default index's Linux torch is the CUDA build (GBs of CUDA libraries).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: setup quickstart test test-unit test-slow bwrap gxx chromium clean
+.PHONY: setup quickstart test test-unit test-slow lint bwrap gxx chromium clean
 
 setup: $(STAMP) bwrap gxx chromium
 
@@ -65,7 +65,11 @@ chromium:
 quickstart: $(STAMP) bwrap
 	$(BIN)/agentrl quickstart $(ARGS)
 
-test: setup
+# ruff over the whole tree (pyproject.toml [tool.ruff]); the import layering is tests/unit/test_layering.py
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: setup lint
 	$(BIN)/python -m pytest -q -rs tests
 
 test-unit: setup

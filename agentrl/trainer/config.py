@@ -23,12 +23,10 @@ from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConf
 from agentrl.inference.config import EngineConfig
 from agentrl.tools.config import ToolsConfig
 from agentrl.trainer.algos import (
-    ADV_ESTIMATORS,
     AGG_MODES,
     KL_KINDS,
     NEEDS_CRITIC,
     NEEDS_OLD_LOGPROBS,
-    POLICY_LOSSES,
     PolicyLossKnobs,
     resolve_adv_estimator,
     resolve_policy_loss,

@@ -16,7 +16,10 @@ final one). The host enforces time and memory from outside; the program only get
 
 import os
 import sys
-# _add_site_packages, _frame and _read_exact come from prelude_src.py, which the backend prepends.
+# The backend prepends these definitions to this text (bwrap.py, zygote.py); declared here for readers and
+# linters, never imported: `__name__` is "__main__" wherever this runs.
+if __name__ == "<prelude>":
+    from sandbox.backends.prelude_src import _add_site_packages, _frame, _mframe, _read_exact, _site_builtins
 
 
 def _open_beneath(path, flags, mode=0o644, create_dirs=False):
@@ -358,7 +361,6 @@ def _supervise(result_fd, child_setup=None):
     """Fork the program's process (it waits for the request on stdin), report `ready`, wait for it, report the
     result on `result_fd`; `child_setup` runs first in the program's process. Never returns."""
     import gc
-    import time
 
     os.set_inheritable(result_fd, False)
 

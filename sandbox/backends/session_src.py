@@ -11,7 +11,10 @@ printed.
 
 import os
 import sys
-# _add_site_packages, _frame and _read_exact come from prelude_src.py, which the backend prepends.
+# The backend prepends these definitions to this text (bwrap.py, zygote.py); declared here for readers and
+# linters, never imported: `__name__` is "__main__" wherever this runs.
+if __name__ == "<prelude>":
+    from sandbox.backends.prelude_src import _add_site_packages, _frame, _read_exact
 
 
 class Session:

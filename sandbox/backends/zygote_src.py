@@ -28,8 +28,12 @@ the session's interpreter (session_src.py) as pid 2 instead of a program. Stdlib
 
 import os
 import sys
-# _mframe, _frame, _read_exact (prelude_src.py), _prepare, _supervise (runner_src.py) and _serve_session
-# (session_src.py) are prepended.
+# The backend prepends these definitions to this text (bwrap.py, zygote.py); declared here for readers and
+# linters, never imported: `__name__` is "__main__" wherever this runs.
+if __name__ == "<prelude>":
+    from sandbox.backends.prelude_src import _frame, _read_exact
+    from sandbox.backends.runner_src import _prepare, _supervise
+    from sandbox.backends.session_src import _serve_session
 
 _CLONE = {"ns": 0x00020000, "cgroup": 0x02000000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
           "pid": 0x20000000, "net": 0x40000000}

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from agentrl.cli import build_parser, main
 from agentrl.services import agentrl_command, free_port, stop_process_group, wait_healthy

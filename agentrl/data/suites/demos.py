@@ -276,8 +276,6 @@ def write_demos(suite: str, n: int, out: str | Path, *, seed: int = 0, split: st
     The tasks themselves go to OUT.tasks.jsonl (and the lookup KB, which the transcripts' tool outputs come from,
     to OUT.kb.jsonl or `kb_path`). Returns the paths written.
     """
-    import json
-
     out = Path(out)
     stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
     tasks_path = out.with_name(stem + ".tasks.jsonl")
