@@ -38,6 +38,7 @@ Entry points: `train(cfg)` (blocking) and `run(cfg)` (async). `agentrl train CON
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 from collections import defaultdict
@@ -471,16 +472,53 @@ def _header(cfg: TrainConfig, num_tasks: int) -> str:
         "algorithm": cfg.algorithm.adv_estimator + (" + critic" if cfg.critic.enable else "")})
 
 
-async def run(cfg: TrainConfig) -> dict[str, float]:
-    """Train; returns the metrics of the last step this call ran ({} when the run was already complete).
-    Resumes from `trainer.resume` (default: latest checkpoint)."""
-    from transformers import AutoTokenizer
-
-    from agentrl.agent_loop.rollout import RolloutManager
+async def open_trainer(cfg: TrainConfig, resources: contextlib.AsyncExitStack) -> tuple:
+    """(policy ranks, critic ranks or None, engine, started tool registry); each is pushed on `resources` to
+    close as soon as it is open, so a failure halfway closes what was opened before it."""
     from agentrl.inference import make_engine
     from agentrl.tools.client import ToolRegistry
     from agentrl.trainer.critic import CriticGroup, critic_model
-    from agentrl.trainer.worker import WorkerGroup, start_ray
+    from agentrl.trainer.worker import WorkerGroup
+
+    workers = WorkerGroup(cfg.model, cfg.actor, with_ref=needs_reference(cfg), total_steps=cfg.trainer.total_steps,
+                          seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
+    resources.callback(workers.shutdown)
+    critic = None
+    if cfg.critic.enable:
+        critic = CriticGroup(critic_model(cfg.model, cfg.critic.model.path), cfg.critic,
+                             total_steps=cfg.trainer.total_steps, seed=cfg.trainer.seed,
+                             deterministic=cfg.trainer.deterministic)
+        resources.callback(critic.shutdown)
+    engine = make_engine(cfg.engine, cfg.model.path)
+    if getattr(engine, "close", None) is not None:  # LocalEngine and SGLangEngine close their threads / clients
+        resources.push_async_callback(engine.close)
+    tools = ToolRegistry.from_tools_config(cfg.tools)
+    resources.push_async_callback(tools.aclose)
+    await tools.start()  # discover remote tool schemas now: a missing service fails before any rollout
+    return workers, critic, engine, tools
+
+
+def restore_checkpoint(checkpoint: Path, workers, sampler: TaskSampler, *, critic=None, kl_ctrl=None) -> None:
+    """Load a checkpoint's policy (and critic) weights and optimizers, the sampler's position and the reward-KL
+    coefficient (absent when the checkpoint's run had no reward KL)."""
+    workers.load_checkpoint(checkpoint)
+    if critic is not None:
+        critic.load_checkpoint(checkpoint)
+    driver = load_driver_state(checkpoint)
+    sampler.load_state_dict(driver["sampler"])
+    if kl_ctrl is not None and "kl_ctrl" in driver:
+        kl_ctrl.load_state_dict(driver["kl_ctrl"])
+
+
+async def run(cfg: TrainConfig) -> dict[str, float]:
+    """Train; returns the metrics of the last step this call ran ({} when the run was already complete).
+    Resumes from `trainer.resume` (default: latest checkpoint). Everything it opens (Ray when it started it, the
+    policy and critic ranks, the engine, the tool registry, the metrics logger) closes in reverse order however
+    the run ends."""
+    from transformers import AutoTokenizer
+
+    from agentrl.agent_loop.rollout import RolloutManager
+    from agentrl.trainer.worker import start_ray
 
     quiet_third_party()
     cfg = _seed_everything(cfg)
@@ -502,87 +540,60 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         print(note, flush=True)
     log_line(run_dir, f"start after step {start.step}" + (f" ({start.checkpoint})" if start.checkpoint else ""))
 
-    started_ray = start_ray(cfg.trainer.ray_address, cfg.trainer.ray_num_cpus)
-    workers = critic = engine = tools = logger = None
-    kl = cfg.algorithm.kl_ctrl
-    kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if cfg.algorithm.use_kl_in_reward \
-        else None
-    try:
-        workers = WorkerGroup(cfg.model, cfg.actor, with_ref=needs_reference(cfg), total_steps=cfg.trainer.total_steps,
-                              seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
-        if cfg.critic.enable:
-            critic = CriticGroup(critic_model(cfg.model, cfg.critic.model.path), cfg.critic,
-                                 total_steps=cfg.trainer.total_steps, seed=cfg.trainer.seed,
-                                 deterministic=cfg.trainer.deterministic)
-        engine = make_engine(cfg.engine, cfg.model.path)
-        tools = ToolRegistry.from_tools_config(cfg.tools)
-        await tools.start()  # discover remote tool schemas now: a missing service fails before any rollout
-        rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout, cfg.reward, run_dir=run_dir)
-        val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, dataclasses.replace(
-            cfg.rollout, n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False),
-            cfg.reward, run_dir=None)
-        logger = MetricsLogger(run_dir, cfg.trainer.loggers, project=cfg.trainer.project,
-                               experiment=cfg.trainer.experiment, config=to_dict(cfg),
-                               total_steps=cfg.trainer.total_steps, resumed_from=start.step)
-
-        if start.checkpoint is not None:
-            workers.load_checkpoint(start.checkpoint)
-            if critic is not None:
-                critic.load_checkpoint(start.checkpoint)
-            driver = load_driver_state(start.checkpoint)
-            sampler.load_state_dict(driver["sampler"])
-            if kl_ctrl is not None and "kl_ctrl" in driver:  # absent: the checkpoint's run had no reward KL
-                kl_ctrl.load_state_dict(driver["kl_ctrl"])
-            await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
-                               model_path=cfg.model.path, run_dir=run_dir, step=start.step)
-
-        if val_tasks and cfg.trainer.test_freq and start.step == 0:
-            logger.log(0, await validate(val_rollout, val_tasks, 0))
-        metrics: dict[str, float] = {}
-        infra = InfraWatch(InfraLimits.of(cfg.trainer), services={b.name: b.where for b in tools.backends})
-        for step in range(start.step + 1, cfg.trainer.total_steps + 1):
-            sampler_at_start = sampler.state_dict()
-            try:
-                metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers,
-                                           engine=engine, pad_token_id=pad_token_id, critic=critic, kl_ctrl=kl_ctrl,
-                                           infra=infra)
-            except InfraFailureError as stop:  # raised before the step's update: keep the run as it was before it
-                sampler.load_state_dict(sampler_at_start)
-                done = save_stop_checkpoint(cfg, workers, sampler, step - 1, critic=critic, kl_ctrl=kl_ctrl)
-                raise resume_hint(stop, done, run_dir, auto=cfg.trainer.resume == "auto") from stop
-            last = step == cfg.trainer.total_steps
-            if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
-                metrics.update(await validate(val_rollout, val_tasks, step))
-            if cfg.trainer.save_freq and (step % cfg.trainer.save_freq == 0 or last):
-                with timed("timing/save_s", metrics):
-                    save_checkpoint(cfg, workers, sampler, step, critic=critic, kl_ctrl=kl_ctrl)
-            logger.log(step, metrics)
-        if cfg.trainer.save_hf_model:
-            # Loadable with AutoModelForCausalLM / `agentrl eval --model`, like any other HF model dir.
-            out = write_hf_checkpoint(workers.full_state_dict(), cfg.model.path, run_dir / FINAL_MODEL_DIR)
-            print(f"saved the trained policy to {out}", flush=True)
-        mark_complete(run_dir, max(start.step, cfg.trainer.total_steps))
-        log_line(run_dir, f"complete at step {cfg.trainer.total_steps}")
-        return metrics
-    except Exception as e:  # the console gets one line (agentrl.cli); the traceback goes to run_dir/train.log
-        log_failure(run_dir, e, train_rows + val_rows)
-        raise
-    finally:
-        if logger is not None:
-            logger.close()
-        if tools is not None:
-            await tools.aclose()
-        close = getattr(engine, "close", None)  # LocalEngine and SGLangEngine close their threads / clients
-        if close is not None:
-            await close()
-        if workers is not None:
-            workers.shutdown()
-        if critic is not None:
-            critic.shutdown()
-        if started_ray:
+    async with contextlib.AsyncExitStack() as resources:
+        if start_ray(cfg.trainer.ray_address, cfg.trainer.ray_num_cpus):  # a Ray this run started stops with it
             import ray
 
-            ray.shutdown()
+            resources.callback(ray.shutdown)
+        kl = cfg.algorithm.kl_ctrl
+        kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) \
+            if cfg.algorithm.use_kl_in_reward else None
+        try:
+            workers, critic, engine, tools = await open_trainer(cfg, resources)
+            rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout, cfg.reward, run_dir=run_dir)
+            val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, dataclasses.replace(
+                cfg.rollout, n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False),
+                cfg.reward, run_dir=None)
+            logger = MetricsLogger(run_dir, cfg.trainer.loggers, project=cfg.trainer.project,
+                                   experiment=cfg.trainer.experiment, config=to_dict(cfg),
+                                   total_steps=cfg.trainer.total_steps, resumed_from=start.step)
+            resources.callback(logger.close)
+
+            if start.checkpoint is not None:
+                restore_checkpoint(start.checkpoint, workers, sampler, critic=critic, kl_ctrl=kl_ctrl)
+                await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
+                                   model_path=cfg.model.path, run_dir=run_dir, step=start.step)
+            if val_tasks and cfg.trainer.test_freq and start.step == 0:
+                logger.log(0, await validate(val_rollout, val_tasks, 0))
+            metrics: dict[str, float] = {}
+            infra = InfraWatch(InfraLimits.of(cfg.trainer), services={b.name: b.where for b in tools.backends})
+            for step in range(start.step + 1, cfg.trainer.total_steps + 1):
+                sampler_at_start = sampler.state_dict()
+                try:
+                    metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers,
+                                               engine=engine, pad_token_id=pad_token_id, critic=critic,
+                                               kl_ctrl=kl_ctrl, infra=infra)
+                except InfraFailureError as stop:  # raised before the step's update: keep the run as it was
+                    sampler.load_state_dict(sampler_at_start)
+                    done = save_stop_checkpoint(cfg, workers, sampler, step - 1, critic=critic, kl_ctrl=kl_ctrl)
+                    raise resume_hint(stop, done, run_dir, auto=cfg.trainer.resume == "auto") from stop
+                last = step == cfg.trainer.total_steps
+                if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
+                    metrics.update(await validate(val_rollout, val_tasks, step))
+                if cfg.trainer.save_freq and (step % cfg.trainer.save_freq == 0 or last):
+                    with timed("timing/save_s", metrics):
+                        save_checkpoint(cfg, workers, sampler, step, critic=critic, kl_ctrl=kl_ctrl)
+                logger.log(step, metrics)
+            if cfg.trainer.save_hf_model:
+                # Loadable with AutoModelForCausalLM / `agentrl eval --model`, like any other HF model dir.
+                out = write_hf_checkpoint(workers.full_state_dict(), cfg.model.path, run_dir / FINAL_MODEL_DIR)
+                print(f"saved the trained policy to {out}", flush=True)
+            mark_complete(run_dir, max(start.step, cfg.trainer.total_steps))
+            log_line(run_dir, f"complete at step {cfg.trainer.total_steps}")
+            return metrics
+        except Exception as e:  # the console gets one line (agentrl.cli); the traceback goes to run_dir/train.log
+            log_failure(run_dir, e, train_rows + val_rows)
+            raise
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
