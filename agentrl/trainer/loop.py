@@ -27,6 +27,10 @@
         log metrics; validate every test_freq; checkpoint every save_freq (policy, critic, kl_ctrl, sampler)
     final_model/ (HF model dir), COMPLETE
 
+`step_phases` is the loop body line by line: each helper returns what it computes (tensors, metrics) and the
+step puts it in the batch; `metrics.timed` times every phase. `run` opens Ray, the ranks, the engine, the tools
+and the logger on an exit stack, so they close in reverse order however the run ends.
+
 How a run starts in its run_dir (fresh, resumed from a checkpoint, or already complete) and what a resume does
 to the directory's records: `agentrl.trainer.resume`. What the console shows: `agentrl.trainer.console`. When a
 run stops on its own (a reward function raised, the tools or engines are down) and what it says:
