@@ -27,6 +27,10 @@
         log metrics; validate every test_freq; checkpoint every save_freq (policy, critic, kl_ctrl, sampler)
     final_model/ (HF model dir), COMPLETE
 
+`step_phases` is the loop body line by line: each helper returns what it computes (tensors, metrics) and the
+step puts it in the batch; `metrics.timed` times every phase. `run` opens Ray, the ranks, the engine, the tools
+and the logger on an exit stack, so they close in reverse order however the run ends.
+
 How a run starts in its run_dir (fresh, resumed from a checkpoint, or already complete) and what a resume does
 to the directory's records: `agentrl.trainer.resume`. What the console shows: `agentrl.trainer.console`. When a
 run stops on its own (a reward function raised, the tools or engines are down) and what it says:
@@ -38,11 +42,12 @@ Entry points: `train(cfg)` (blocking) and `run(cfg)` (async). `agentrl train CON
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
-import time
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -86,6 +91,9 @@ from agentrl.trainer.resume import FINAL_MODEL_DIR, RECORDED_PATHS, mark_complet
 from agentrl.trainer.stops import InfraLimits, InfraWatch, log_failure, log_line, resume_hint
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 
 class TaskSampler:
@@ -194,35 +202,42 @@ async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
 
 async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, engine, pad_token_id: int,
                      critic=None, kl_ctrl=None, infra: InfraWatch | None = None) -> dict:
-    """One RL step; returns its metrics. `critic`: the value model's group when `critic.enable`; `kl_ctrl`: the
-    reward-side KL coefficient when `algorithm.use_kl_in_reward`; `infra`: raises InfraFailureError after the
-    rollout, before anything is updated, when too many episodes failed for an infrastructure reason."""
-    from agentrl.agent_loop.rollout import rollout_metrics
+    """One RL step; returns its metrics, then its `timing/` seconds and `perf/` rates. `critic`: the value model's
+    group when `critic.enable`; `kl_ctrl`: the reward-side KL coefficient when `algorithm.use_kl_in_reward`;
+    `infra`: raises InfraFailureError after the rollout, before anything is updated, when too many episodes failed
+    for an infrastructure reason."""
+    timing: dict[str, float] = {}
+    with timed("timing/step_s", timing):
+        metrics, batch = await step_phases(step, cfg, timing, rollout=rollout, sampler=sampler, workers=workers,
+                                           engine=engine, pad_token_id=pad_token_id, critic=critic, kl_ctrl=kl_ctrl,
+                                           infra=infra)
+    if batch is not None:
+        timing.update(step_rates(timing, batch, cfg))
+    return {**metrics, **timing}
+
+
+async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, rollout, sampler, workers, engine,
+                      pad_token_id: int, critic, kl_ctrl, infra: InfraWatch | None) -> tuple[dict, TensorDict | None]:
+    """The module docstring's pseudo-code, line by line; each phase's seconds go to `timing`. Returns (metrics,
+    the batch the update trained on), or (metrics, None) when there was nothing to train on."""
+    from agentrl.agent_loop.rollout import rollout_metrics, write_train_records
 
     alg = cfg.algorithm
-    t_step = time.perf_counter()
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy logprobs are T=1
-    timing: dict[str, float] = {}
-
     with timed("timing/rollout_s", timing):
         episodes, data_stats, generated = await collect_episodes(rollout, sampler, cfg, step)
     if infra is not None:
         infra.check(step, generated)
     metrics = {**data_stats, **rollout_metrics(generated), **episode_metrics(episodes)}
     if not episodes:  # nothing trainable this step (all infra failures or all zero-variance): skip the update
-        metrics["data/skipped_update"] = 1.0
-        timing["timing/step_s"] = time.perf_counter() - t_step
-        return {**metrics, **timing}
+        return {**metrics, "data/skipped_update": 1.0}, None
 
     with timed("timing/batch_s", timing):
         scores_B, score_stats = episode_scores(episodes, cfg)
         batch = episodes_to_batch(episodes, pad_token_id)
     metrics.update(score_stats)
-
-    # pi_old: recomputed with the training weights, taken from the update's own forward (reuse_old), or
-    # (bypass mode) the rollout's own logprobs.
-    reuse_old = reuses_old_logprobs(cfg)
-    if alg.rollout_correction.bypass_mode:
+    reuse_old = reuses_old_logprobs(cfg)  # then pi_old comes from the update's own forward, below
+    if alg.rollout_correction.bypass_mode:  # pi_old is the rollout policy
         batch["old_logprobs"] = batch["rollout_logprobs"].clone()
     elif not reuse_old:
         with timed("timing/old_logprob_s", timing):
@@ -231,11 +246,8 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
         with timed("timing/ref_logprob_s", timing):
             batch["ref_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature, ref=True)
 
-    # rewards -> [KL in reward] -> [values] -> advantages
-    mask = batch["loss_mask"]
-    token_rewards = token_level_rewards(scores_B, mask)
-    if "token_rewards" in batch.keys():  # per-token (e.g. per-turn) rewards, on top of the outcome score
-        token_rewards = token_rewards + batch["token_rewards"]
+    mask = batch["loss_mask"]  # the rollout's: rewards and advantages live on it
+    token_rewards = step_token_rewards(scores_B, batch)
     if alg.use_kl_in_reward:
         token_rewards, kl_stats = apply_kl_in_reward(token_rewards, batch["old_logprobs"], batch["ref_logprobs"],
                                                      mask, kl_ctrl.value, alg.kl_penalty)
@@ -244,65 +256,40 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
     if critic is not None:
         with timed("timing/values_s", timing):
             batch["values"] = critic.compute_values(batch)
-    adv, returns = resolve_adv_estimator(alg.adv_estimator)(AdvantageInputs(
-        token_rewards_B_T=token_rewards, mask_B_T=mask, group_ids=[ep.uid for ep in episodes],
-        values_B_T=batch["values"] if critic is not None else None, gamma=alg.gamma, lam=alg.lam,
-        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo))
-    batch["advantages"] = adv.float() * mask
-    if returns is not None:
-        batch["returns"] = returns.float() * mask
+    estimated = estimate_advantages(token_rewards, batch, episodes, alg)
+    batch.update(estimated)
     metrics.update(advantage_metrics(batch["advantages"], mask))
-    train_critic = critic is not None and returns is not None  # a critic learns from the estimator's returns
+    train_critic = critic is not None and "returns" in estimated  # a critic learns from the estimator's returns
     if train_critic:
         metrics.update(value_metrics(batch["values"], batch["returns"], mask))
-    episode_advantages = masked_mean(batch["advantages"], mask, dim=1)
 
-    metrics.update(rollout_correction(batch, alg.rollout_correction))
-    metrics.update(mask_truncated(batch, episodes, enabled=alg.mask_truncated))
+    corrected, corr_stats = rollout_correction(batch, alg.rollout_correction)
+    batch.update(corrected)
+    batch["loss_mask"], truncated_stats = mask_truncated(batch["loss_mask"], episodes, enabled=alg.mask_truncated)
+    metrics.update({**corr_stats, **truncated_stats})
     if not bool(batch["loss_mask"].any()):  # every trajectory was left out of the loss
-        metrics["data/skipped_update"] = 1.0
-        timing["timing/step_s"] = time.perf_counter() - t_step
-        return {**metrics, **timing}
+        return {**metrics, "data/skipped_update": 1.0}, None
 
-    # update critic -> update actor -> sync
     update_seed = cfg.trainer.seed * 1_000_003 + step
     if train_critic:
         with timed("timing/critic_update_s", timing):
-            values_out = critic.update_critic(batch, mini_batch_size=cfg.critic.ppo_mini_batch_size * cfg.rollout.n,
-                                              epochs=cfg.critic.ppo_epochs, shuffle=cfg.critic.shuffle,
-                                              seed=update_seed)
-        metrics.update({f"critic/{k}": v for k, v in values_out.items()})
-    with timed("timing/update_s", timing):
-        actor = workers.update_policy(batch, temperature=temperature,
-                                      mini_batch_size=cfg.actor.ppo_mini_batch_size * cfg.rollout.n,
-                                      epochs=cfg.actor.ppo_epochs, shuffle=cfg.actor.shuffle, seed=update_seed,
-                                      reuse_old_logprobs=reuse_old)
-    metrics.update({f"actor/{k}": v for k, v in actor.items()})
+            critic_out = critic.update_critic(batch, **update_options(cfg.critic, cfg.rollout.n, update_seed))
+        metrics.update(prefixed("critic/", critic_out))
+    with timed("timing/update_s", timing):  # reuse_old: the update also puts pi_old in batch["old_logprobs"]
+        actor_out = workers.update_policy(batch, temperature=temperature, reuse_old_logprobs=reuse_old,
+                                          **update_options(cfg.actor, cfg.rollout.n, update_seed))
+    metrics.update(prefixed("actor/", actor_out))
     if not alg.rollout_correction.bypass_mode:  # reused pi_old exists only on the trained tokens
-        drift_mask = batch["loss_mask"] if reuse_old else mask
-        metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"], drift_mask, batch["turn_ids"],
+        metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
+                                     batch["loss_mask"] if reuse_old else mask, batch["turn_ids"],
                                      max_turns=cfg.agent.max_assistant_turns))
     if cfg.rollout.dump_episodes:  # advantages and trainer logprobs per token, for `agentrl view`
-        from agentrl.agent_loop.rollout import write_train_records
-
-        write_train_records(cfg.trainer.run_dir, step, episodes, episode_advantages, batch["old_logprobs"])
-
+        write_train_records(cfg.trainer.run_dir, step, episodes, masked_mean(batch["advantages"], mask, dim=1),
+                            batch["old_logprobs"])
     with timed("timing/sync_s", timing):
         metrics.update(await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
                                           model_path=cfg.model.path, run_dir=cfg.trainer.run_dir, step=step))
-
-    tokens = int(batch["seq_lens"].sum())
-    timing["timing/step_s"] = time.perf_counter() - t_step
-    trainer_s = sum(timing.get(k, 0.0) for k in TRAINER_TIMINGS)
-    timing["timing/driver_overhead_frac"] = (timing["timing/step_s"] - timing["timing/rollout_s"] - trainer_s) / \
-        timing["timing/step_s"]
-    timing["perf/update_tokens_per_s"] = tokens * cfg.actor.ppo_epochs / max(timing["timing/update_s"], 1e-9)
-    if train_critic:
-        timing["perf/critic_update_tokens_per_s"] = tokens * cfg.critic.ppo_epochs / max(
-            timing["timing/critic_update_s"], 1e-9)
-    timing["perf/rollout_model_tokens_per_s"] = float(batch["loss_mask"].sum()) / max(timing["timing/rollout_s"], 1e-9)
-    timing["perf/batch_tokens"] = float(tokens)
-    return {**metrics, **timing}
+    return metrics, batch
 
 
 TRAINER_TIMINGS = ("timing/old_logprob_s", "timing/ref_logprob_s", "timing/values_s", "timing/critic_update_s",
@@ -343,44 +330,101 @@ def episode_scores(episodes: list[Episode], cfg: TrainConfig) -> tuple[torch.Ten
                                   "reward/overlong_frac": float((penalty_B < 0).float().mean())}
 
 
-def rollout_correction(batch, corr) -> dict[str, float]:
-    """`algorithm.rollout_correction` from log(pi_old / pi_rollout): importance weights for the policy-gradient
-    token losses (`rollout_is_weights` in the batch) and/or rejected tokens or trajectories taken out of the loss
-    mask. In bypass mode pi_old is pi_rollout, so there is nothing to correct."""
-    out: dict[str, float] = {}
+def step_token_rewards(scores_B: torch.Tensor, batch: TensorDict) -> torch.Tensor:
+    """[B, L] token rewards: each row's score on its last policy token, plus the batch's per-token rewards (e.g.
+    per turn) when it has them."""
+    token_rewards = token_level_rewards(scores_B, batch["loss_mask"])
+    if "token_rewards" in batch.keys():
+        token_rewards = token_rewards + batch["token_rewards"]
+    return token_rewards
+
+
+def estimate_advantages(token_rewards_B_L: torch.Tensor, batch: TensorDict, episodes: list[Episode],
+                        alg) -> dict[str, torch.Tensor]:
+    """`algorithm.adv_estimator` over the batch's groups (episode uids), with the critic's values when the batch
+    has them: {"advantages": [B, L]}, plus "returns" [B, L] from an estimator that has them (gae); 0 off the loss
+    mask."""
+    mask = batch["loss_mask"]
+    adv, returns = resolve_adv_estimator(alg.adv_estimator)(AdvantageInputs(
+        token_rewards_B_T=token_rewards_B_L, mask_B_T=mask, group_ids=[ep.uid for ep in episodes],
+        values_B_T=batch["values"] if "values" in batch.keys() else None, gamma=alg.gamma, lam=alg.lam,
+        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo))
+    out = {"advantages": adv.float() * mask}
+    if returns is not None:
+        out["returns"] = returns.float() * mask
+    return out
+
+
+def rollout_correction(batch: TensorDict, corr) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """`algorithm.rollout_correction` from log(pi_old / pi_rollout) on the batch's loss tokens. Returns (the
+    tensors to put in the batch, their metrics): "rollout_is_weights" [B, L], importance weights for the
+    policy-gradient token losses, and/or "loss_mask" [B, L] with the rejected tokens or trajectories taken out.
+    In bypass mode pi_old is pi_rollout, so there is nothing to correct."""
+    tensors: dict[str, torch.Tensor] = {}
+    stats: dict[str, float] = {}
     if corr.level is None and corr.rejection.level is None:
-        return out
+        return tensors, stats
     log_ratio = batch["old_logprobs"] - batch["rollout_logprobs"]
     if corr.level is not None:
-        batch["rollout_is_weights"], stats = rollout_is_weights(log_ratio, batch["loss_mask"], corr.level,
-                                                                corr.is_threshold, mode=corr.mode)
-        out.update(stats)
+        tensors["rollout_is_weights"], is_stats = rollout_is_weights(log_ratio, batch["loss_mask"], corr.level,
+                                                                     corr.is_threshold, mode=corr.mode)
+        stats.update(is_stats)
     if corr.rejection.level is not None:
-        kept, stats = rollout_rejection_mask(log_ratio, batch["loss_mask"], corr.rejection.level,
-                                             corr.rejection.lower, corr.rejection.upper)
-        batch["loss_mask"] = kept
-        out.update(stats)
-    return out
+        tensors["loss_mask"], rejection_stats = rollout_rejection_mask(log_ratio, batch["loss_mask"],
+                                                                       corr.rejection.level, corr.rejection.lower,
+                                                                       corr.rejection.upper)
+        stats.update(rejection_stats)
+    return tensors, stats
 
 
-def mask_truncated(batch, episodes: list[Episode], *, enabled: bool) -> dict[str, float]:
+def mask_truncated(loss_mask_B_L: torch.Tensor, episodes: list[Episode], *,
+                   enabled: bool) -> tuple[torch.Tensor, dict[str, float]]:
     """Count responses cut by a length budget; with `enabled` (algorithm.mask_truncated) leave them out of the
-    loss by zeroing their loss mask (they still took part in the advantages of their group)."""
+    loss (they still took part in the advantages of their group). Returns (the loss mask [B, L], with their rows
+    zeroed when enabled, the metrics)."""
     truncated_B = torch.tensor([ep.finish_reason == TRUNCATED for ep in episodes])
-    out = {"data/truncated_frac": float(truncated_B.float().mean())}
-    if enabled:
-        batch["loss_mask"] = batch["loss_mask"] * (~truncated_B)[:, None].to(batch["loss_mask"].dtype)
-        out["data/masked_truncated"] = float(truncated_B.sum())
-    return out
+    stats = {"data/truncated_frac": float(truncated_B.float().mean())}
+    if not enabled:
+        return loss_mask_B_L, stats
+    stats["data/masked_truncated"] = float(truncated_B.sum())
+    return loss_mask_B_L * (~truncated_B)[:, None].to(loss_mask_B_L.dtype), stats
+
+
+def update_options(role, n: int, seed: int) -> dict:
+    """The PPO-update keywords of the policy (`actor`) or the critic (`critic`): mini-batches count prompts, so
+    a mini-batch holds ppo_mini_batch_size x rollout.n trajectories."""
+    return {"mini_batch_size": role.ppo_mini_batch_size * n, "epochs": role.ppo_epochs, "shuffle": role.shuffle,
+            "seed": seed}
+
+
+def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}{k}": v for k, v in metrics.items()}
+
+
+def step_rates(timing: dict[str, float], batch: TensorDict, cfg: TrainConfig) -> dict[str, float]:
+    """A trained step's share of `timing/step_s` spent outside the rollout and the trainer passes, and its
+    throughputs (tokens per second) from the phase seconds in `timing`."""
+    tokens = int(batch["seq_lens"].sum())
+    trainer_s = sum(timing.get(k, 0.0) for k in TRAINER_TIMINGS)
+    step_s = timing["timing/step_s"]
+    rates = {"timing/driver_overhead_frac": (step_s - timing["timing/rollout_s"] - trainer_s) / step_s,
+             "perf/update_tokens_per_s": tokens * cfg.actor.ppo_epochs / max(timing["timing/update_s"], 1e-9)}
+    if "timing/critic_update_s" in timing:
+        rates["perf/critic_update_tokens_per_s"] = tokens * cfg.critic.ppo_epochs / max(
+            timing["timing/critic_update_s"], 1e-9)
+    rates["perf/rollout_model_tokens_per_s"] = float(batch["loss_mask"].sum()) / max(timing["timing/rollout_s"], 1e-9)
+    rates["perf/batch_tokens"] = float(tokens)
+    return rates
 
 
 async def validate(val_rollout, tasks: list[Task], step: int) -> dict[str, float]:
-    t0 = time.perf_counter()
-    episodes = await val_rollout.generate(tasks, step=step)
-    ok = [ep for ep in episodes if not ep.infra_error]
-    return {**episode_metrics(ok, prefix="val/"), **per_source_metrics(ok, prefix="val/"),
-            "val/infra_failed": float(len(episodes) - len(ok)), "val/episodes": float(len(episodes)),
-            "timing/val_s": time.perf_counter() - t0}
+    timing: dict[str, float] = {}
+    with timed("timing/val_s", timing):
+        episodes = await val_rollout.generate(tasks, step=step)
+        ok = [ep for ep in episodes if not ep.infra_error]
+        metrics = {**episode_metrics(ok, prefix="val/"), **per_source_metrics(ok, prefix="val/"),
+                   "val/infra_failed": float(len(episodes) - len(ok)), "val/episodes": float(len(episodes))}
+    return {**metrics, **timing}
 
 
 def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, *, critic=None,
@@ -432,16 +476,53 @@ def _header(cfg: TrainConfig, num_tasks: int) -> str:
         "algorithm": cfg.algorithm.adv_estimator + (" + critic" if cfg.critic.enable else "")})
 
 
-async def run(cfg: TrainConfig) -> dict[str, float]:
-    """Train; returns the metrics of the last step this call ran ({} when the run was already complete).
-    Resumes from `trainer.resume` (default: latest checkpoint)."""
-    from transformers import AutoTokenizer
-
-    from agentrl.agent_loop.rollout import RolloutManager
+async def open_trainer(cfg: TrainConfig, resources: contextlib.AsyncExitStack) -> tuple:
+    """(policy ranks, critic ranks or None, engine, started tool registry); each is pushed on `resources` to
+    close as soon as it is open, so a failure halfway closes what was opened before it."""
     from agentrl.inference import make_engine
     from agentrl.tools.client import ToolRegistry
     from agentrl.trainer.critic import CriticGroup, critic_model
-    from agentrl.trainer.worker import WorkerGroup, start_ray
+    from agentrl.trainer.worker import WorkerGroup
+
+    workers = WorkerGroup(cfg.model, cfg.actor, with_ref=needs_reference(cfg), total_steps=cfg.trainer.total_steps,
+                          seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
+    resources.callback(workers.shutdown)
+    critic = None
+    if cfg.critic.enable:
+        critic = CriticGroup(critic_model(cfg.model, cfg.critic.model.path), cfg.critic,
+                             total_steps=cfg.trainer.total_steps, seed=cfg.trainer.seed,
+                             deterministic=cfg.trainer.deterministic)
+        resources.callback(critic.shutdown)
+    engine = make_engine(cfg.engine, cfg.model.path)
+    if getattr(engine, "close", None) is not None:  # LocalEngine and SGLangEngine close their threads / clients
+        resources.push_async_callback(engine.close)
+    tools = ToolRegistry.from_tools_config(cfg.tools)
+    resources.push_async_callback(tools.aclose)
+    await tools.start()  # discover remote tool schemas now: a missing service fails before any rollout
+    return workers, critic, engine, tools
+
+
+def restore_checkpoint(checkpoint: Path, workers, sampler: TaskSampler, *, critic=None, kl_ctrl=None) -> None:
+    """Load a checkpoint's policy (and critic) weights and optimizers, the sampler's position and the reward-KL
+    coefficient (absent when the checkpoint's run had no reward KL)."""
+    workers.load_checkpoint(checkpoint)
+    if critic is not None:
+        critic.load_checkpoint(checkpoint)
+    driver = load_driver_state(checkpoint)
+    sampler.load_state_dict(driver["sampler"])
+    if kl_ctrl is not None and "kl_ctrl" in driver:
+        kl_ctrl.load_state_dict(driver["kl_ctrl"])
+
+
+async def run(cfg: TrainConfig) -> dict[str, float]:
+    """Train; returns the metrics of the last step this call ran ({} when the run was already complete).
+    Resumes from `trainer.resume` (default: latest checkpoint). Everything it opens (Ray when it started it, the
+    policy and critic ranks, the engine, the tool registry, the metrics logger) closes in reverse order however
+    the run ends."""
+    from transformers import AutoTokenizer
+
+    from agentrl.agent_loop.rollout import RolloutManager
+    from agentrl.trainer.worker import start_ray
 
     quiet_third_party()
     cfg = _seed_everything(cfg)
@@ -463,87 +544,60 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         print(note, flush=True)
     log_line(run_dir, f"start after step {start.step}" + (f" ({start.checkpoint})" if start.checkpoint else ""))
 
-    started_ray = start_ray(cfg.trainer.ray_address, cfg.trainer.ray_num_cpus)
-    workers = critic = engine = tools = logger = None
-    kl = cfg.algorithm.kl_ctrl
-    kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if cfg.algorithm.use_kl_in_reward \
-        else None
-    try:
-        workers = WorkerGroup(cfg.model, cfg.actor, with_ref=needs_reference(cfg), total_steps=cfg.trainer.total_steps,
-                              seed=cfg.trainer.seed, deterministic=cfg.trainer.deterministic)
-        if cfg.critic.enable:
-            critic = CriticGroup(critic_model(cfg.model, cfg.critic.model.path), cfg.critic,
-                                 total_steps=cfg.trainer.total_steps, seed=cfg.trainer.seed,
-                                 deterministic=cfg.trainer.deterministic)
-        engine = make_engine(cfg.engine, cfg.model.path)
-        tools = ToolRegistry.from_tools_config(cfg.tools)
-        await tools.start()  # discover remote tool schemas now: a missing service fails before any rollout
-        rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout, cfg.reward, run_dir=run_dir)
-        val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, dataclasses.replace(
-            cfg.rollout, n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False),
-            cfg.reward, run_dir=None)
-        logger = MetricsLogger(run_dir, cfg.trainer.loggers, project=cfg.trainer.project,
-                               experiment=cfg.trainer.experiment, config=to_dict(cfg),
-                               total_steps=cfg.trainer.total_steps, resumed_from=start.step)
-
-        if start.checkpoint is not None:
-            workers.load_checkpoint(start.checkpoint)
-            if critic is not None:
-                critic.load_checkpoint(start.checkpoint)
-            driver = load_driver_state(start.checkpoint)
-            sampler.load_state_dict(driver["sampler"])
-            if kl_ctrl is not None and "kl_ctrl" in driver:  # absent: the checkpoint's run had no reward KL
-                kl_ctrl.load_state_dict(driver["kl_ctrl"])
-            await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
-                               model_path=cfg.model.path, run_dir=run_dir, step=start.step)
-
-        if val_tasks and cfg.trainer.test_freq and start.step == 0:
-            logger.log(0, await validate(val_rollout, val_tasks, 0))
-        metrics: dict[str, float] = {}
-        infra = InfraWatch(InfraLimits.of(cfg.trainer), services={b.name: b.where for b in tools.backends})
-        for step in range(start.step + 1, cfg.trainer.total_steps + 1):
-            sampler_at_start = sampler.state_dict()
-            try:
-                metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers,
-                                           engine=engine, pad_token_id=pad_token_id, critic=critic, kl_ctrl=kl_ctrl,
-                                           infra=infra)
-            except InfraFailureError as stop:  # raised before the step's update: keep the run as it was before it
-                sampler.load_state_dict(sampler_at_start)
-                done = save_stop_checkpoint(cfg, workers, sampler, step - 1, critic=critic, kl_ctrl=kl_ctrl)
-                raise resume_hint(stop, done, run_dir, auto=cfg.trainer.resume == "auto") from stop
-            last = step == cfg.trainer.total_steps
-            if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
-                metrics.update(await validate(val_rollout, val_tasks, step))
-            if cfg.trainer.save_freq and (step % cfg.trainer.save_freq == 0 or last):
-                with timed("timing/save_s", metrics):
-                    save_checkpoint(cfg, workers, sampler, step, critic=critic, kl_ctrl=kl_ctrl)
-            logger.log(step, metrics)
-        if cfg.trainer.save_hf_model:
-            # Loadable with AutoModelForCausalLM / `agentrl eval --model`, like any other HF model dir.
-            out = write_hf_checkpoint(workers.full_state_dict(), cfg.model.path, run_dir / FINAL_MODEL_DIR)
-            print(f"saved the trained policy to {out}", flush=True)
-        mark_complete(run_dir, max(start.step, cfg.trainer.total_steps))
-        log_line(run_dir, f"complete at step {cfg.trainer.total_steps}")
-        return metrics
-    except Exception as e:  # the console gets one line (agentrl.cli); the traceback goes to run_dir/train.log
-        log_failure(run_dir, e, train_rows + val_rows)
-        raise
-    finally:
-        if logger is not None:
-            logger.close()
-        if tools is not None:
-            await tools.aclose()
-        close = getattr(engine, "close", None)  # LocalEngine and SGLangEngine close their threads / clients
-        if close is not None:
-            await close()
-        if workers is not None:
-            workers.shutdown()
-        if critic is not None:
-            critic.shutdown()
-        if started_ray:
+    async with contextlib.AsyncExitStack() as resources:
+        if start_ray(cfg.trainer.ray_address, cfg.trainer.ray_num_cpus):  # a Ray this run started stops with it
             import ray
 
-            ray.shutdown()
+            resources.callback(ray.shutdown)
+        kl = cfg.algorithm.kl_ctrl
+        kl_ctrl = make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) \
+            if cfg.algorithm.use_kl_in_reward else None
+        try:
+            workers, critic, engine, tools = await open_trainer(cfg, resources)
+            rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout, cfg.reward, run_dir=run_dir)
+            val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, dataclasses.replace(
+                cfg.rollout, n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False),
+                cfg.reward, run_dir=None)
+            logger = MetricsLogger(run_dir, cfg.trainer.loggers, project=cfg.trainer.project,
+                                   experiment=cfg.trainer.experiment, config=to_dict(cfg),
+                                   total_steps=cfg.trainer.total_steps, resumed_from=start.step)
+            resources.callback(logger.close)
+
+            if start.checkpoint is not None:
+                restore_checkpoint(start.checkpoint, workers, sampler, critic=critic, kl_ctrl=kl_ctrl)
+                await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
+                                   model_path=cfg.model.path, run_dir=run_dir, step=start.step)
+            if val_tasks and cfg.trainer.test_freq and start.step == 0:
+                logger.log(0, await validate(val_rollout, val_tasks, 0))
+            metrics: dict[str, float] = {}
+            infra = InfraWatch(InfraLimits.of(cfg.trainer), services={b.name: b.where for b in tools.backends})
+            for step in range(start.step + 1, cfg.trainer.total_steps + 1):
+                sampler_at_start = sampler.state_dict()
+                try:
+                    metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers,
+                                               engine=engine, pad_token_id=pad_token_id, critic=critic,
+                                               kl_ctrl=kl_ctrl, infra=infra)
+                except InfraFailureError as stop:  # raised before the step's update: keep the run as it was
+                    sampler.load_state_dict(sampler_at_start)
+                    done = save_stop_checkpoint(cfg, workers, sampler, step - 1, critic=critic, kl_ctrl=kl_ctrl)
+                    raise resume_hint(stop, done, run_dir, auto=cfg.trainer.resume == "auto") from stop
+                last = step == cfg.trainer.total_steps
+                if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
+                    metrics.update(await validate(val_rollout, val_tasks, step))
+                if cfg.trainer.save_freq and (step % cfg.trainer.save_freq == 0 or last):
+                    with timed("timing/save_s", metrics):
+                        save_checkpoint(cfg, workers, sampler, step, critic=critic, kl_ctrl=kl_ctrl)
+                logger.log(step, metrics)
+            if cfg.trainer.save_hf_model:
+                # Loadable with AutoModelForCausalLM / `agentrl eval --model`, like any other HF model dir.
+                out = write_hf_checkpoint(workers.full_state_dict(), cfg.model.path, run_dir / FINAL_MODEL_DIR)
+                print(f"saved the trained policy to {out}", flush=True)
+            mark_complete(run_dir, max(start.step, cfg.trainer.total_steps))
+            log_line(run_dir, f"complete at step {cfg.trainer.total_steps}")
+            return metrics
+        except Exception as e:  # the console gets one line (agentrl.cli); the traceback goes to run_dir/train.log
+            log_failure(run_dir, e, train_rows + val_rows)
+            raise
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:

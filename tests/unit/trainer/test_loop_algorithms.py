@@ -1,5 +1,5 @@
 """The loop's algorithm wiring without models: DAPO overlong scores, truncated responses out of the loss,
-rollout correction weights and rejection in the batch, lone episodes are not zero-variance groups."""
+rollout correction weights and rejection computed for the batch, lone episodes are not zero-variance groups."""
 
 from __future__ import annotations
 
@@ -44,12 +44,14 @@ def test_overlong_buffer_lowers_the_scores_of_long_responses():
 
 def test_truncated_responses_are_counted_and_masked_only_when_asked():
     eps = [episode(3), episode(3, finish="length"), episode(3, finish="max_turns")]
-    batch = episodes_to_batch(eps, 0)
-    assert mask_truncated(batch, eps, enabled=False) == {"data/truncated_frac": pytest.approx(1 / 3)}
-    assert batch["loss_mask"].sum() == 9
-    stats = mask_truncated(batch, eps, enabled=True)
+    loss_mask = episodes_to_batch(eps, 0)["loss_mask"]
+    kept, stats = mask_truncated(loss_mask, eps, enabled=False)
+    assert stats == {"data/truncated_frac": pytest.approx(1 / 3)}
+    assert kept.sum() == 9
+    kept, stats = mask_truncated(loss_mask, eps, enabled=True)
     assert stats["data/masked_truncated"] == 1
-    assert batch["loss_mask"].sum(1).tolist() == [3, 0, 3]
+    assert kept.sum(1).tolist() == [3, 0, 3]
+    assert loss_mask.sum() == 9  # the batch's own mask is left as it was
 
 
 def test_rollout_correction_puts_weights_in_the_batch_and_rejects_from_the_mask():
@@ -58,17 +60,19 @@ def test_rollout_correction_puts_weights_in_the_batch_and_rejects_from_the_mask(
     batch["old_logprobs"] = batch["rollout_logprobs"].clone()
     batch["old_logprobs"][1, 2:4] += torch.tensor([2.0, 0.0])  # pi_old / pi_rollout = e^2 on one token
     off = load_config(TrainConfig, None, []).algorithm.rollout_correction
-    assert rollout_correction(batch, off) == {} and "rollout_is_weights" not in batch.keys()
+    assert rollout_correction(batch, off) == ({}, {})
     tis = cfg("algorithm.rollout_correction.level=token", "algorithm.rollout_correction.threshold=2.0")
-    stats = rollout_correction(batch, tis.algorithm.rollout_correction)
-    assert batch["rollout_is_weights"][1, 2:4].tolist() == pytest.approx([2.0, 1.0])  # truncated at 2
-    assert batch["rollout_is_weights"][:, :2].abs().sum() == 0  # prompt tokens get no weight
+    tensors, stats = rollout_correction(batch, tis.algorithm.rollout_correction)
+    assert list(tensors) == ["rollout_is_weights"]
+    assert tensors["rollout_is_weights"][1, 2:4].tolist() == pytest.approx([2.0, 1.0])  # truncated at 2
+    assert tensors["rollout_is_weights"][:, :2].abs().sum() == 0  # prompt tokens get no weight
     assert stats["rollout_corr/corrected_frac"] == pytest.approx(0.25)
     reject = cfg("algorithm.rollout_correction.rejection.level=sequence", "algorithm.rollout_correction.rejection.lower=0.5",
                  "algorithm.rollout_correction.rejection.upper=2.0")
-    stats = rollout_correction(batch, reject.algorithm.rollout_correction)
-    assert batch["loss_mask"].sum(1).tolist() == [2, 0]
+    tensors, stats = rollout_correction(batch, reject.algorithm.rollout_correction)
+    assert list(tensors) == ["loss_mask"] and tensors["loss_mask"].sum(1).tolist() == [2, 0]
     assert stats["rollout_corr/rejected_seq_frac"] == 0.5
+    assert batch["loss_mask"].sum(1).tolist() == [2, 2] and "rollout_is_weights" not in batch.keys()  # unchanged
 
 
 def test_the_reference_is_loaded_for_either_kl():
