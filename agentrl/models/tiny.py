@@ -81,7 +81,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, ini
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-    from agentrl.trainer.weight_sync import make_readable
+    from agentrl.files import make_readable
 
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")

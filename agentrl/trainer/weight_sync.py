@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from agentrl.files import make_readable
+
 # Files an HF model directory needs besides the weights.
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
@@ -56,14 +58,6 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], src_model_dir: str 
         shutil.rmtree(out)
     tmp.rename(out)
     return out
-
-
-def make_readable(model_dir: str | Path) -> None:
-    """Mode 0644 for the files of a model directory: safetensors writes the weights 0600, which would hide the
-    model from the other accounts of a machine (a server or a colleague loading it)."""
-    for path in Path(model_dir).iterdir():
-        if path.is_file():
-            path.chmod(0o644)
 
 
 def tied_aliases(state_dict: dict[str, torch.Tensor]) -> dict[str, str | None]:
@@ -206,4 +200,4 @@ async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: 
     raise ValueError(f"engine.backend {backend!r}: weight sync supports 'local' and 'sglang'")
 
 
-__all__ = ["HF_SIDE_FILES", "SharedStateDict", "make_readable", "sync_weights", "write_hf_checkpoint"]
+__all__ = ["HF_SIDE_FILES", "SharedStateDict", "sync_weights", "write_hf_checkpoint"]
