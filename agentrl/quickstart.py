@@ -378,7 +378,7 @@ def run_quickstart(s: QuickstartSettings) -> Path:
     from agentrl.tools.config import ServiceConfig, ToolsConfig
     from agentrl.trainer.loop import FINAL_MODEL_DIR, train
     from agentrl.trainer.config import ActorConfig, ModelConfig
-    from agentrl.trainer.console import quiet_third_party
+    from agentrl.console import quiet_third_party
     from agentrl.trainer.resume import move_aside
     from agentrl.trainer.sft import SFTConfig, SFTDataConfig, SFTRunConfig, run_sft
 
@@ -545,7 +545,7 @@ def report_text(s: QuickstartSettings, results: dict[str, dict], timings: dict[s
     also sampled at the rollouts' temperature), the curves, what produced the run (seed, commit, settings) and
     the time per phase."""
     from agentrl.evaluation.report import markdown_report
-    from agentrl.trainer.console import format_duration
+    from agentrl.console import format_duration
 
     lines = [f"> {smoke_note(s)}", ""] if s.smoke else []
     lines += [markdown_report("agentrl quickstart: held-out results (same greedy sampling for both)", results)]

@@ -162,7 +162,7 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
         raise ValueError(f"every k of pass@k must be in 1..n={n}, got {ks}")
     if not tasks:
         raise ValueError("no tasks to evaluate")
-    from agentrl.trainer.console import progress, quiet_third_party
+    from agentrl.console import progress, quiet_third_party
     from agentrl.trainer.export import resolve_model_dir
 
     quiet_third_party()

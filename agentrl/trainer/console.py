@@ -1,19 +1,17 @@
-"""What training and evaluation print: the first line of a run, one line per step, progress lines with an ETA,
-the no-learning-signal warning, and the switches that keep third-party libraries quiet.
+"""What training prints: the first line of a run, one line per step and the no-learning-signal warning (durations,
+progress lines and quieting third-party libraries: `agentrl.console`).
 
 Every field of the step line is explained once, in `CONSOLE_FIELDS`; `CONSOLE_FIELDS_TEXT` is that explanation
 as text for `agentrl train --help` and the docs. Output is plain text (no carriage returns, no ANSI codes), so
-a log file reads like the terminal; a tqdm bar is used only when the stream is a terminal.
+a log file reads like the terminal.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
-import time
 from dataclasses import dataclass
-from typing import TextIO
+
+from agentrl.console import format_duration
 
 
 @dataclass(frozen=True)
@@ -71,16 +69,6 @@ def _fields_text() -> str:
 
 
 CONSOLE_FIELDS_TEXT = _fields_text()
-
-
-def format_duration(seconds: float) -> str:
-    """`45s`, `3m05s`, `1h02m`."""
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def run_header(kind: str, fields: dict[str, object]) -> str:
@@ -143,62 +131,6 @@ class StepConsole:
         return out
 
 
-class ProgressLines:
-    """Plain progress lines for a stream that is not a terminal: one line each time another tenth of `total` is
-    done, `desc: 40/400 episodes (10%), 12s, eta 1m48s`. Same interface as the tqdm bar (update, close)."""
-
-    def __init__(self, total: int, desc: str, unit: str = "episodes", stream: TextIO | None = None):
-        self.total, self.desc, self.unit = total, desc, unit
-        self.stream = stream or sys.stderr
-        self.done = 0
-        self._tenths = 0
-        self._start = time.monotonic()
-
-    def update(self, count: int = 1) -> None:
-        self.done += count
-        tenths = math.floor(10 * self.done / self.total) if self.total else 10
-        if tenths <= self._tenths:
-            return
-        self._tenths = tenths
-        elapsed = time.monotonic() - self._start
-        line = f"{self.desc}: {self.done}/{self.total} {self.unit} ({self.done / self.total:.0%}), " \
-               f"{format_duration(elapsed)}"
-        if self.done < self.total:
-            line += f", eta {format_duration(elapsed / self.done * (self.total - self.done))}"
-        print(line, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        pass
-
-
-def progress(total: int, desc: str, unit: str = "episodes", stream: TextIO | None = None):
-    """A tqdm bar when `stream` (default stderr) is a terminal, else `ProgressLines`."""
-    stream = stream or sys.stderr
-    if stream.isatty():
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, unit=unit[:2], leave=False, file=stream)
-    return ProgressLines(total, desc, unit, stream)
-
-
-def quiet_third_party() -> None:
-    """Turn off what other libraries print that a person does not need: Hugging Face weight-loading bars, Ray's
-    usage statistics and ANSI colours in Ray's worker prefixes when stdout is not a terminal (Ray's start-up
-    notices: `agentrl.trainer.worker.start_ray`).
-
-    Environment variables are set only where the user has not set them, so e.g. `HF_HUB_DISABLE_PROGRESS_BARS=0`
-    brings the bars back; they are inherited by Ray workers and child services started afterwards.
-    """
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not sys.stdout.isatty():
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "0":
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-
-
 __all__ = [
     "CONSOLE_FIELDS",
     "CONSOLE_FIELDS_TEXT",
@@ -206,12 +138,8 @@ __all__ = [
     "NO_SIGNAL_WARNING",
     "NO_SIGNAL_WARN_AFTER",
     "ConsoleField",
-    "ProgressLines",
     "StepConsole",
-    "format_duration",
     "has_no_signal",
-    "progress",
-    "quiet_third_party",
     "run_header",
     "sft_line",
 ]

@@ -99,7 +99,7 @@ class FSDPWorker:
     def setup(self, master_addr: str, master_port: int) -> None:
         import torch.distributed as dist
 
-        from agentrl.trainer.console import quiet_third_party
+        from agentrl.console import quiet_third_party
 
         quiet_third_party()  # a Ray worker is its own process: no weight-loading bars here either
         torch.set_num_threads(self._threads_per_rank() or rank_threads(self.world_size))

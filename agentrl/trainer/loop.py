@@ -53,6 +53,7 @@ import torch
 
 from agentrl.agent_loop.rewards import reward_failed
 from agentrl.config import save_config, to_dict
+from agentrl.console import quiet_third_party
 from agentrl.errors import InfraFailureError
 from agentrl.trainer.algos import (
     AdvantageInputs,
@@ -77,7 +78,7 @@ from agentrl.trainer.checkpoint import (
     save_hf_files,
 )
 from agentrl.trainer.config import DataConfig, TrainConfig
-from agentrl.trainer.console import quiet_third_party, run_header
+from agentrl.trainer.console import run_header
 from agentrl.trainer.metrics import (
     MetricsLogger,
     advantage_metrics,

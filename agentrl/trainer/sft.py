@@ -72,9 +72,10 @@ def run_sft(cfg: SFTConfig) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.config import save_config
+    from agentrl.console import quiet_third_party
     from agentrl.files import make_readable
     from agentrl.trainer.batch import sft_batch
-    from agentrl.trainer.console import quiet_third_party, run_header, sft_line
+    from agentrl.trainer.console import run_header, sft_line
     from agentrl.trainer.worker import WorkerGroup, start_ray
 
     quiet_third_party()

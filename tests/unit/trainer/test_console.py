@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import io
 
-from agentrl.trainer.console import (
-    CONSOLE_FIELDS,
-    CONSOLE_FIELDS_TEXT,
-    NO_SIGNAL_WARN_AFTER,
-    ProgressLines,
-    StepConsole,
-    format_duration,
-    progress,
-    run_header,
-)
+from agentrl.console import ProgressLines, format_duration, progress
+from agentrl.trainer.console import CONSOLE_FIELDS, CONSOLE_FIELDS_TEXT, NO_SIGNAL_WARN_AFTER, StepConsole, run_header
 
 FLAT = {"data/groups": 2.0, "data/zero_var_groups": 2.0, "data/signal_groups": 0.0, "timing/step_s": 2.0}
 MIXED = {"data/groups": 2.0, "data/zero_var_groups": 1.0, "data/signal_groups": 1.0, "timing/step_s": 2.0}
