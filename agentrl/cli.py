@@ -20,7 +20,6 @@ COMMAND_MODULES: list[str] = [
     "agentrl.evaluation.cli",
     "sandbox.cli",
     "agentrl.trainer.cli",
-    "agentrl.trainer.sft",
     "agentrl.trainer.export",
     "agentrl.quickstart",
     "agentrl.viewer.cli",

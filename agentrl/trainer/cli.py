@@ -45,6 +45,22 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+# `agentrl sft CONFIG`: supervised fine-tuning (`agentrl.trainer.sft`). This module's docstring is `agentrl train
+# --help`, so the command is described here.
+def _sft(args: argparse.Namespace) -> int:
+    from agentrl.config import load_config
+    from agentrl.preflight import check_sft
+    from agentrl.trainer.sft import SFTConfig, run_sft
+
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    check_sft(cfg)
+    if args.check:
+        print(f"ok: {args.config} is ready for SFT (model and demonstration rows checked)")
+        return 0
+    run_sft(cfg)
+    return 0
+
+
 def add_commands(subparsers) -> None:
     p = subparsers.add_parser("train", help="GRPO training of a tool-using agent (Ray + FSDP2)",
                               description=__doc__, epilog=CONSOLE_FIELDS_EPILOG,
@@ -55,6 +71,13 @@ def add_commands(subparsers) -> None:
     p.add_argument("--check", action="store_true",
                    help="run the checks done before training (model, data rows, rewards, tools, loggers) and exit")
     p.set_defaults(func=_train)
+
+    p = subparsers.add_parser("sft", help="supervised fine-tuning on tool-use transcripts (cold start), same masking as RL")
+    p.add_argument("config", help="YAML file, e.g. configs/sft/tiny_cpu.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.max_steps=50 actor.lr=1e-3")
+    p.add_argument("--check", action="store_true",
+                   help="check the model directory and every demonstration row, then exit without training")
+    p.set_defaults(func=_sft)
 
 
 __all__ = ["CONSOLE_FIELDS_EPILOG", "add_commands"]

@@ -15,7 +15,6 @@ Demonstration rows (JSONL): {"messages": [OpenAI messages], "tools": [OpenAI fun
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
@@ -140,25 +139,3 @@ def run_sft(cfg: SFTConfig) -> dict:
     make_readable(out_dir)
     print(f"sft: saved the fine-tuned model to {out_dir}", flush=True)
     return {**metrics, "output_dir": str(out_dir), "skipped": skipped, "num_transcripts": len(sequences)}
-
-
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sft", help="supervised fine-tuning on tool-use transcripts (cold start), same masking as RL")
-    p.add_argument("config", help="YAML file, e.g. configs/sft/tiny_cpu.yaml")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.max_steps=50 actor.lr=1e-3")
-    p.add_argument("--check", action="store_true",
-                   help="check the model directory and every demonstration row, then exit without training")
-    p.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    from agentrl.config import load_config
-    from agentrl.preflight import check_sft
-
-    cfg = load_config(SFTConfig, args.config, args.overrides)
-    check_sft(cfg)
-    if args.check:
-        print(f"ok: {args.config} is ready for SFT (model and demonstration rows checked)")
-        return 0
-    run_sft(cfg)
-    return 0

@@ -40,8 +40,6 @@ ENTRY_POINTS = ["agentrl.cli", "agentrl.quickstart"]  # plus every `cli`, `__mai
 UPWARD_EXCEPTIONS = {
     # resolve_model_dir (a checkpoint -> a model directory) for `agentrl eval --model CHECKPOINT`.
     ("agentrl.evaluation.run", "agentrl.trainer.export"),
-    # The `agentrl sft` command handler lives in trainer/sft.py instead of trainer/cli.py.
-    ("agentrl.trainer.sft", "agentrl.preflight"),
 }
 # Cycles that exist today (as sets of modules), each with what removes it.
 CYCLE_EXCEPTIONS = [
