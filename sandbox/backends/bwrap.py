@@ -32,7 +32,7 @@ from pathlib import Path
 from sandbox import seccomp
 from sandbox.backends.base import (BackendError, ExecRequest, ExecResult, encode_request, python_argv, read_frame,
                                    runner_payload)
-from sandbox.backends.hostview import DEV_NODES, HostView
+from sandbox.backends.hostview import HostView
 from sandbox.backends.session_proc import SessionProc
 from sandbox.backends import nsutil
 from sandbox.backends.zygote import Zygote, layout
@@ -80,9 +80,8 @@ def bwrap_args(cfg: SandboxConfig, bwrap: str, prefix: str, seccomp_fd: int | No
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
              "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORKDIR]
     if view is not None:  # --dev's nodes are writable binds of the host's inodes: read-only ones over them
-        for name in DEV_NODES:
-            if os.path.exists(f"/dev/{name}"):
-                args += ["--dev-bind", f"{view.dir}/dev/{name}", f"/dev/{name}"]
+        for name in view.nodes:
+            args += ["--dev-bind", f"{view.dir}/dev/{name}", f"/dev/{name}"]
     args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
     for key, value in sandbox_env(prefix).items():
         args += ["--setenv", key, value]

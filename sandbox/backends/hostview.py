@@ -33,6 +33,7 @@ class HostView:
         self.prefix = prefix
         self.dir: str | None = None
         self.proc: subprocess.Popen | None = None
+        self.nodes = tuple(name for name in DEV_NODES if os.path.exists(f"/dev/{name}"))  # bound read-only in it
 
     @property
     def alive(self) -> bool:
@@ -45,10 +46,9 @@ class HostView:
         os.chmod(self.dir, 0o711)
         steps = ['mount -t tmpfs -o mode=0711,size=1m agentrl-view "$V"', 'mkdir "$V/prefix" "$V/dev"',
                  'mount --bind -o ro "$P" "$V/prefix"']
-        for name in DEV_NODES:
-            if os.path.exists(f"/dev/{name}"):
-                steps += [f'touch "$V/dev/{name}"', f'mount --bind /dev/{name} "$V/dev/{name}"',
-                          f'mount -o remount,bind,ro,nosuid "$V/dev/{name}"']
+        for name in self.nodes:
+            steps += [f'touch "$V/dev/{name}"', f'mount --bind /dev/{name} "$V/dev/{name}"',
+                      f'mount -o remount,bind,ro,nosuid "$V/dev/{name}"']
         script = " && ".join(steps) + ' && echo ready && exec sleep infinity'
         self.proc = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script],
@@ -68,14 +68,6 @@ class HostView:
     def enter(self) -> list[str]:
         """The argv prefix that runs a command inside the held namespace."""
         return ["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--"]
-
-    def bwrap_binds(self) -> list[str]:
-        """bwrap arguments, after its --dev: the prefix and the device nodes from the view."""
-        args = ["--ro-bind", f"{self.dir}/prefix", self.prefix]
-        for name in DEV_NODES:
-            if os.path.exists(f"/dev/{name}"):
-                args += ["--dev-bind", f"{self.dir}/dev/{name}", f"/dev/{name}"]
-        return args
 
     def close(self) -> None:
         if self.proc is not None:

@@ -9,6 +9,7 @@ outcome, then that the service still answers.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import stat
@@ -35,6 +36,16 @@ def any_http(request, sandbox_url):
     with sandbox_service("zygote=false") as client:
         assert client.get("/health").json()["zygote"] is False
         yield client
+
+
+@contextlib.contextmanager
+def _session(http: httpx.Client):
+    """A python session's id, deleted afterwards."""
+    sid = http.post("/sessions", json={"language": "python"}).json()["session_id"]
+    try:
+        yield sid
+    finally:
+        http.delete(f"/sessions/{sid}")
 
 
 def _rss_kb(http: httpx.Client) -> int:
@@ -108,16 +119,13 @@ def _find_process(marker: str) -> int:
 
 
 def test_sandbox_processes_run_as_an_unprivileged_host_uid(any_http):
-    sid = any_http.post("/sessions", json={"language": "python"}).json()["session_id"]
-    try:
+    with _session(any_http) as sid:
         body = any_http.post(f"/sessions/{sid}/run", json={
             "code": "import os, subprocess\np = subprocess.Popen(['sleep', '4949.5'])\nprint(os.getuid())"}).json()
         assert body["status"] == "ok" and body["stdout"] == "65534\n", body  # what the code sees
         with open(f"/proc/{_find_process('4949.5')}/status") as f:
             uids = next(line.split()[1:] for line in f if line.startswith("Uid:"))
         assert len(set(uids)) == 1 and int(uids[0]) not in (0, os.geteuid()), uids  # what the host sees
-    finally:
-        any_http.delete(f"/sessions/{sid}")
 
 
 # 2. High: the end-of-output nonce was in the program's reach; a forged marker stopped the draining while the
@@ -191,8 +199,7 @@ def test_frames_written_to_any_fd_leave_a_wrong_answer_wrong(any_http):
 # 3. High: a session's result pipe is the interpreter's own fd 3; the host believed its 4-byte length header
 # (2 GiB header + 300 MB body -> +300 MB of service memory).
 def test_a_session_frame_past_the_cap_restarts_the_session_only(http):
-    sid = http.post("/sessions", json={"language": "python"}).json()["session_id"]
-    try:
+    with _session(http) as sid:
         assert http.post(f"/sessions/{sid}/run", json={"code": "x = 41"}).json()["status"] == "ok"
         before = _rss_kb(http)
         code = ("import os\nos.write(3, (2**31).to_bytes(4, 'big'))\nblock = b'z' * (1 << 20)\n"
@@ -203,8 +210,6 @@ def test_a_session_frame_past_the_cap_restarts_the_session_only(http):
         assert _rss_kb(http) - before < 32 * 1024
         after = http.post(f"/sessions/{sid}/run", json={"code": "print('x' in dir())"}).json()
         assert after["status"] == "ok" and after["stdout"] == "False\n", after  # a fresh interpreter
-    finally:
-        http.delete(f"/sessions/{sid}")
     assert_benign(http)
 
 
@@ -213,14 +218,11 @@ def test_malformed_or_flooding_session_frames_restart_the_session(http, what):
     payload = {"not_json": "b'{nope'", "not_an_object": "b'[1, 2]'", "flood": "b'{\"id\": \"x\"}'"}[what]
     times = 10 if what == "flood" else 1
     code = f"import os\ndata = {payload}\nfor _ in range({times}):\n    os.write(3, len(data).to_bytes(4, 'big') + data)"
-    sid = http.post("/sessions", json={"language": "python"}).json()["session_id"]
-    try:
+    with _session(http) as sid:
         body = http.post(f"/sessions/{sid}/run", json={"code": code}).json()
         assert body["status"] == "error" and body["exit_reason"] == "runner_fault", body
         again = http.post(f"/sessions/{sid}/run", json={"code": "print(6 * 7)"}).json()
         assert again["status"] == "ok" and again["stdout"] == "42\n", again
-    finally:
-        http.delete(f"/sessions/{sid}")
 
 
 # 4. Medium-high: on cgroup v1 socket buffers were not charged to the sandbox (174 MB queued under 64 MB).
@@ -266,8 +268,7 @@ def _inotify_init() -> int:
 
 
 def test_a_session_holding_every_inotify_instance_starves_no_one_else(http):
-    sid = http.post("/sessions", json={"language": "python"}).json()["session_id"]
-    try:
+    with _session(http) as sid:
         hog = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nheld = []\n"
                "while (fd := libc.inotify_init1(0)) >= 0:\n    held.append(fd)\nprint(len(held), ctypes.get_errno())")
         body = http.post(f"/sessions/{sid}/run", json={"code": hog}).json()
@@ -276,8 +277,6 @@ def test_a_session_holding_every_inotify_instance_starves_no_one_else(http):
         other = run(http, "import ctypes\nprint(ctypes.CDLL(None).inotify_init1(0) >= 0)")
         assert other["run_result"]["stdout"] == "True\n", other  # another sandbox: its own uid, its own count
         os.close(_inotify_init())  # and root on the host
-    finally:
-        http.delete(f"/sessions/{sid}")
 
 
 ROOT_ONLY = r"""
@@ -329,8 +328,7 @@ def test_root_only_files_keys_and_directories_are_closed(any_http):
 
 # Low: a session's pid 1 never reaped orphans (124 zombies left a session unable to fork).
 def test_a_sessions_orphans_are_reaped(http):
-    sid = http.post("/sessions", json={"language": "python"}).json()["session_id"]
-    try:
+    with _session(http) as sid:
         orphans = ("import os\nfor _ in range(100):\n    pid = os.fork()\n    if pid == 0:\n"
                    "        if os.fork() == 0:\n            os._exit(0)\n        os._exit(0)\n    os.waitpid(pid, 0)\n")
         for _ in range(2):  # 200 orphans against a pids limit of 64
@@ -341,8 +339,6 @@ def test_a_sessions_orphans_are_reaped(http):
                       "        break\n    time.sleep(0.1)\nprint(len(zombies), os.waitpid(os.fork() or os._exit(0), 0)[0] > 0)")
         body = http.post(f"/sessions/{sid}/run", json={"code": check_code}).json()
         assert body["status"] == "ok" and body["stdout"] == "0 True\n", body
-    finally:
-        http.delete(f"/sessions/{sid}")
 
 
 # Low: a program that exits 0 after hitting the pids limit was reported as Success.
@@ -358,8 +354,7 @@ def test_exit_zero_after_the_pids_limit_is_not_a_success(http):
 
 # Low: a session's background threads ran on between cells, outside the cell's time limit and admission control.
 def test_a_session_is_frozen_between_its_cells(any_http):
-    sid = any_http.post("/sessions", json={"language": "python"}).json()["session_id"]
-    try:
+    with _session(any_http) as sid:
         spin = ("import threading, time\nthreading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True)"
                 ".start()\ntime.sleep(0.2)\nprint(time.process_time())")
         first = any_http.post(f"/sessions/{sid}/run", json={"code": spin}).json()
@@ -368,6 +363,4 @@ def test_a_session_is_frozen_between_its_cells(any_http):
         second = any_http.post(f"/sessions/{sid}/run", json={"code": "import time\nprint(time.process_time())"}).json()
         used = float(second["stdout"]) - float(first["stdout"])
         assert used < 0.25, (used, first, second)  # CPU of the session's process between its two cells
-    finally:
-        any_http.delete(f"/sessions/{sid}")
     assert_benign(any_http)
