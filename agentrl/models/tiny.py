@@ -58,7 +58,7 @@ SIZES: dict[str, ModelShape] = {
                        intermediate_size=384),
     # tiny plus a third layer (~1.0M parameters): the copy circuit fills layers 0-1 and the whole 128-dim residual,
     # the third layer starts as an identity (zero-init output) free for what SFT and RL put there; measured
-    # against tiny in docs/quickstart.md#a-third-layer-session-11
+    # against tiny in docs/log.md (2026-12-02, ffd05f2)
     "tiny3": ModelShape(hidden_size=128, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
                         intermediate_size=384),
     # ~6.7M parameters: for CPU runs that should visibly learn.

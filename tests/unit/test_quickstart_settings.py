@@ -206,7 +206,7 @@ def test_the_recipes_per_suite_counts_apply_to_the_suites_a_run_has():
     assert settings("--suites", "code").sft_demos == {}
     smoke = settings("--smoke")  # a few demonstrations and tasks per suite, lookup's too
     assert smoke.sft_demos == {} and smoke.grpo_tasks == {}
-    # given, a dict replaces the recipe's whole: {} is 4,000 of each (the counts of sessions 16-22)
+    # given, a dict replaces the recipe's whole: {} is the per-suite count for every suite
     assert settings("--set", "sft_demos={}", "grpo_tasks={calc: 10}").sft_demos == {}
     assert settings("--set", "grpo_tasks={calc: 10}").grpo_tasks == {"calc": 10}
 

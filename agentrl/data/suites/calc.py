@@ -42,7 +42,7 @@ NAME = "calc"
 TOOLS = ["calculator"]
 # The answer format in words, not as a literal `<answer>N</answer>`: in a literal, "N" follows the exact tokens that
 # precede the answer's value, so an in-context copy (induction) head copies "N" instead of the tool's value, a trap
-# some initial weights never leave in SFT (docs/quickstart.md#the-system-prompt-states-the-answer-format-in-words-session-14).
+# some initial weights never leave in SFT (docs/log.md, 2026-12-02, 86dae1e).
 # The demonstrations show the tags.
 SYSTEM = "Use the calculator tool, then give the final number inside answer tags."
 

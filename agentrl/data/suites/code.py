@@ -23,7 +23,7 @@ comment puts each phrase's words a few tokens before the operator they decide (`
 `*`): without them the cold start left one or two of those decisions unlearnt on each seed, and GRPO flipped them
 for every phrase at once. The number makes the next step a copy (the words after `(3)` in the prompt) instead of a
 search for the phrase after the last one written. The filter lines are written without spaces (`x>5`, the
-template of the runs of 2026-12-05 at 51deeb7). docs/quickstart.md#the-code-suite has the runs.
+template of the runs of 2026-12-05 at 51deeb7). docs/log.md has the runs.
 
 Splits differ in distribution, not only seed:
 - pipeline length: train has 0-3 steps before the reducer (0/1/2/3: 20/40/38/2%), held-out 1-3 (20/40/40%), so

@@ -13,7 +13,7 @@ and a `tool` message with the tool's real output, then a final assistant message
           the fact it follows, exactly as the response shows it (`"based_in": "Lomira"`), then calls or answers.
           Which relation to follow is then a token the model writes (and GRPO can reinforce) instead of a choice
           hidden in the first token of a copied value; a 2-layer model confused the two facts of a record
-          without it (docs/quickstart.md#lookup-demonstrations-name-the-facts-they-follow-session-16).
+          without it (docs/log.md, 2026-12-03, 45b746b).
 - code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python
           block. With `sandbox_url` the call goes to the real python tool (a sandbox interpreter session) and the
           final code is then graded by the task's own unit tests in the sandbox (`run_unit_tests`, the harness the

@@ -410,7 +410,7 @@ def test_cli_make_hard(tmp_path, capsys):
 def test_system_prompt_never_shows_the_answer_tags_literally(suite):
     """A literal `<answer>N</answer>` in the prompt puts the tokens that precede the answer's value in front of
     "N", so an in-context copy head copies "N" instead of the tool's value: with the copy-circuit init of seed 1
-    SFT never left that trap (docs/quickstart.md#the-system-prompt-states-the-answer-format-in-words-session-14).
+    SFT never left that trap (docs/log.md, 2026-12-02, 86dae1e).
     The format is said in words; the demonstrations show it."""
     task = _tasks(suite, "train", n=5)[0]
     system = next(m["content"] for m in task["prompt"] if m["role"] == "system")
