@@ -190,8 +190,7 @@ def _report(walls: dict[str, list], args: argparse.Namespace) -> int:
     wait_s = (args.turns - 1) * args.latency_ms / 1000
     lockstep = (best["0ms"] + wait_s) / best["0ms"]
     serial = (best["0ms"] + args.episodes * wait_s) / best["0ms"]
-    print(f"latency-hiding ratio (slow / 0 ms wall): {ratio:.3f}   target <= 1.30 -> "
-          f"{'met' if ratio <= 1.3 else 'NOT met'}")
+    print(f"latency-hiding ratio (slow / 0 ms wall): {ratio:.3f} (1.00: the tool latency entirely hidden)")
     print(f"  references: every episode waiting in lockstep with an idle engine {lockstep:.2f}; tools run one at a "
           f"time, inline {serial:.2f}. When the 0 ms wall is long (a CPU engine), decoding dominates and even "
           f"lockstep waits would hide; the ratio is a strict test only where decoding is fast (GPU).")

@@ -130,8 +130,8 @@ def _measure(path: Path, label: str, args) -> None:
                             ("static padded model.generate", tok_static, t_static, c_static)):
         print(f"  {name:34s} {tok:6d} tok in {t:6.2f}s = {tok / t:8.1f} tok/s, {tok / c:8.1f} tok/cpu-s")
     print(f"  (static batch: useful tokens only; the padded batch ran to {max(outputs)} tokens)")
-    print(f"  ratio engine/one-by-one = {r_engine / r_seq:5.2f}x wall, {q_engine / q_seq:5.2f}x cpu (target >= 5x); "
-          f"engine/static = {r_engine / r_static:5.2f}x wall, {q_engine / q_static:5.2f}x cpu (target >= 0.6x)")
+    print(f"  ratio engine/one-by-one = {r_engine / r_seq:5.2f}x wall, {q_engine / q_seq:5.2f}x cpu; "
+          f"engine/static = {r_engine / r_static:5.2f}x wall, {q_engine / q_static:5.2f}x cpu")
     print(f"  greedy outputs identical to one-by-one: {same}/{args.requests}; peak decode rows "
           f"{engine.stats['max_rows']}, peak KV token slots {engine.stats['max_token_slots']}")
     engine.close_sync()

@@ -1,6 +1,6 @@
 """The tool service: an ASGI app that serves a `ToolSet` over HTTP (tool calls on raw ASGI, the rest on FastAPI).
 
-Routes (the contract in DESIGN.md):
+Routes (the HTTP contract of docs/tools.md):
 - `GET /tools` -> list of OpenAI function schemas
 - `POST /tools/{name}` with the JSON body `{"arguments": {...}, "session_id": "..."}` (`CALL_BODY`):
   `arguments` (required) is the JSON object of the tool's arguments, shaped by its schema from `GET /tools`;

@@ -12,8 +12,8 @@ the same batch (ragged lengths drawn uniformly from [min-len, max-len]); tokens/
 Runs one in-process FSDP2 rank (gloo), so it measures the padding strategy, not communication. The two
 strategies alternate (median of `--repeats` each, after a warm-up round) so a change in machine load hits both.
 With `--critic` the policy update and the critic update (a value model with the policy's body, the same
-micro-batch budget and bucket strategy) alternate the same way; the target is a critic update costing at most
-1.2x the policy update. With `--shared-prompt L` the sequences come in groups of `--group-size` that share an
+micro-batch budget and bucket strategy) alternate the same way, and the bench prints the critic update's time
+over the policy update's. With `--shared-prompt L` the sequences come in groups of `--group-size` that share an
 L-token prompt before responses of `--min-len` to `--max-len` tokens (all policy tokens), and the two sides are
 two in-process ranks that differ only in actor.share_prompt_prefix (one micro-batch per mini-batch, as the
 quickstart's budget gives): the update (forward + backward + step) and a no-grad logprob pass (the reference's).
@@ -165,7 +165,7 @@ def _critic_vs_policy(args: argparse.Namespace, policy, batch, budget: int) -> i
                           ("policy + critic", policy_s + critic_s)):
         print(f"{name:<24}{seconds:>10.2f}{real_tokens / seconds:>11.0f}")
     ratio = critic_s / policy_s
-    print(f"critic / policy update time: {ratio:.2f}x (target <= 1.20x: {'met' if ratio <= 1.2 else 'missed'})")
+    print(f"critic / policy update time: {ratio:.2f}x (critic {critic_s:.2f} s against the policy's {policy_s:.2f} s)")
     return 0
 
 
