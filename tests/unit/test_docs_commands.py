@@ -462,11 +462,27 @@ def test_the_parsed_only_list_stays_short_and_used():
 
 def test_readme_is_a_guide_that_starts_with_the_two_commands_and_links_every_page():
     text = (REPO_ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 250
+    assert len(text.splitlines()) <= 200
     first = [c.argv for c in extract_commands(REPO_ROOT / "README.md")[:2]]
     assert first == [["make", "quickstart"], ["make", "test"]]
     for doc in sorted((REPO_ROOT / "docs").glob("*.md")):
         assert f"(docs/{doc.name})" in text, f"README.md does not link docs/{doc.name}"
+
+
+# A run named by a counter ("session 12", "session-13" in an anchor) cannot be looked up; runs are named by date
+# and commit (docs/log.md).
+RUN_COUNTER = re.compile(r"\bsessions?[ _-]?\d+", re.I)
+LOG_PAGE = REPO_ROOT / "docs" / "log.md"  # the experiment log may be as long as its history
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_pages_are_references_of_bounded_length_that_name_no_run_by_a_counter(page):
+    lines = page.read_text().splitlines()
+    if page.parent == REPO_ROOT / "docs" and page != LOG_PAGE:
+        assert len(lines) <= 300, f"{page.relative_to(REPO_ROOT)} has {len(lines)} lines; history goes to docs/log.md"
+    counters = [f"{n}: {line.strip()[:100]}" for n, line in enumerate(lines, start=1) if RUN_COUNTER.search(line)]
+    assert not counters, f"{page.relative_to(REPO_ROOT)} names runs by a counter (use the date and commit):\n" + \
+        "\n".join(counters)
 
 
 def _anchors(page: Path) -> set[str]:
