@@ -172,6 +172,20 @@ def test_rollout_correction_band_and_rejection_validation():
         load("algorithm.rollout_correction.lower=3", "algorithm.rollout_correction.upper=2")
 
 
+@pytest.mark.parametrize("override,message", [
+    ("actor.clip_ratio_c=1.0", r"actor.clip_ratio_c must be > 1.0, got 1.0"),
+    ("actor.clip_ratio_low=1", r"actor.clip_ratio_low must be < 1.0, got 1"),
+    ("actor.clip_ratio_high=-0.1", r"actor.clip_ratio_high must be >= 0.0, got -0.1"),
+    ("critic.cliprange_value=-1", r"critic.cliprange_value must be >= 0.0, got -1"),
+    ("algorithm.kl_ctrl.kl_coef=-0.1", r"algorithm.kl_ctrl.kl_coef must be >= 0.0, got -0.1"),
+    ("actor.kl_loss_type=k4", r"actor.kl_loss_type: 'k4' is not one of 'kl'"),
+])
+def test_the_loss_knobs_are_checked_where_they_are_configured(override, message):
+    """The losses and the KL controller take these values as given: the config is the one place that checks."""
+    with pytest.raises(ConfigError, match=message):
+        load(override)
+
+
 def test_adaptive_kl_needs_target_and_horizon():
     with pytest.raises(ConfigError, match="target_kl > 0 and horizon >= 1"):
         load("algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=0")
