@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, ValidationError
 
-from agentrl.errors import UserError
+from agentrl.errors import UserError, one_line
 
 M = TypeVar("M", bound="ConfigModel")
 
@@ -202,8 +202,9 @@ def _describe(err: dict, cls: type[BaseModel], source: str) -> str:
     if kind == "missing":
         return f"{key} is required (no default){where}"
     if kind in ("model_type", "model_attributes_type", "union_tag_not_found", "dict_type") and not _is_dict(place.tp):
-        name = getattr(_unwrap(place.tp), "__name__", "this section")
-        return f"{key}: expected a mapping for {name}, got {type(value).__name__} {value!r}{where}"
+        section = _unwrap(place.tp)
+        what = f"a mapping for {section.__name__}" if isinstance(section, type) else "a mapping"
+        return f"{key}: expected {what}, got {type(value).__name__} {value!r}{where}"
     if kind.endswith(("_type", "_parsing")) or kind == "int_from_float":
         expected = "bool (true/false)" if kind.startswith("bool") else _type_name(place.tp)
         return f"{key}: expected {expected}, got {type(value).__name__} {value!r}{where}"
@@ -236,7 +237,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, raw = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r}: empty key segment")
-    value = yaml.safe_load(raw) if raw != "" else ""
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({one_line(e)})") from None
     # YAML reads 1e-6 as a string (it wants 1.0e-6); users type 1e-6 on the command line.
     if isinstance(value, str):
         try:

@@ -186,7 +186,7 @@ class WorkerResources(ConfigModel):
     num_gpus_per_worker: float = 0.0  # 1.0 on GPU clusters
 
 
-class ActorConfig(OptimizerConfig, MiniBatchConfig, WorkerResources):
+class ActorConfig(WorkerResources, MiniBatchConfig, OptimizerConfig):
     """The policy update: optimizer, batch slicing, resources and the PPO/GRPO loss knobs."""
 
     clip_ratio_low: float = Field(0.2, ge=0, lt=1)
@@ -356,7 +356,7 @@ class CriticModelConfig(ConfigModel):
     path: str | None = None  # HF model dir; None: initialise from the policy (model.path) with a fresh value head
 
 
-class CriticConfig(OptimizerConfig, MiniBatchConfig, WorkerResources):
+class CriticConfig(WorkerResources, MiniBatchConfig, OptimizerConfig):
     """The value model for GAE: its optimizer, batch slicing, resources and clipped value loss (verl's `critic:`
     names). The keys that default to the actor's are null until `TrainConfig` resolves them."""
 
