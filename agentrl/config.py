@@ -155,7 +155,6 @@ class _Place:
                 break
 
 
-
 _BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
            "less_than_equal": ("le", "<=")}
 
@@ -201,7 +200,7 @@ def _describe(err: dict, cls: type[BaseModel], source: str) -> str:
         return f"{key} must hold {ctx.get('min_length', ctx.get('max_length'))} items, got {value!r}{where}"
     if kind == "missing":
         return f"{key} is required (no default){where}"
-    if kind in ("model_type", "model_attributes_type", "union_tag_not_found", "dict_type") and not _is_dict(place.tp):
+    if kind in ("model_type", "model_attributes_type", "union_tag_not_found"):
         section = _unwrap(place.tp)
         what = f"a mapping for {section.__name__}" if isinstance(section, type) else "a mapping"
         return f"{key}: expected {what}, got {type(value).__name__} {value!r}{where}"
@@ -209,10 +208,6 @@ def _describe(err: dict, cls: type[BaseModel], source: str) -> str:
         expected = "bool (true/false)" if kind.startswith("bool") else _type_name(place.tp)
         return f"{key}: expected {expected}, got {type(value).__name__} {value!r}{where}"
     return f"{key}: {err['msg']}{where}"
-
-
-def _is_dict(tp: Any) -> bool:
-    return get_origin(_unwrap(tp)) is dict
 
 
 def _literals(tp: Any) -> list:

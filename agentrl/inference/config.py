@@ -28,18 +28,18 @@ class EngineConfig(ConfigModel):
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # fp32 keeps logprobs equal to the trainer's
     max_batch_size: int = Field(32, ge=1)  # decode slots: requests decoded together in one forward pass
-    max_model_len: int | None = Field(None, ge=2)  # prompt + output tokens per request; None: the model's max positions
+    max_model_len: int | None = Field(None, ge=2)  # prompt + output tokens per request; None: the model's maximum
     max_queued_requests: int = Field(4096, ge=1)  # requests waiting for a slot; more raise EngineError("queue full")
     max_prefill_tokens: int = Field(4096, ge=1)  # prompt tokens prefilled per scheduler step (bounds prefill memory)
     num_threads: int | None = Field(None, ge=1)  # torch intra-op threads for the decode thread; None: torch's default
     prefix_cache_tokens: int = Field(32768, ge=0)  # KV of finished turns kept per session_id for the next turn; 0: off
-    shared_prefix_cache_tokens: int = Field(16384, ge=0)  # KV of recent prompts, reused by prompts sharing a prefix; 0: off
+    shared_prefix_cache_tokens: int = Field(16384, ge=0)  # KV of recent prompts, reused by shared prefixes; 0: off
 
     # --- sglang client ---
     urls: list[str] = Field(default_factory=list)  # e.g. ["http://127.0.0.1:30000"]
     request_timeout_s: float = Field(600.0, gt=0)  # one /generate call
     connect_retries: int = Field(3, ge=0)  # retries on connection errors / 5xx before raising EngineError
-    retry_backoff_s: float = Field(0.5, ge=0)  # first wait before a retry; doubles per retry, jittered (agentrl.retry), <= 30 s
+    retry_backoff_s: float = Field(0.5, ge=0)  # first wait before a retry; doubles per retry, jittered, <= 30 s
     health_timeout_s: float = Field(600.0, gt=0)  # wait for every server's /health at start
     max_connections: int = Field(1024, ge=1)  # httpx connection pool size per server
 
@@ -48,7 +48,8 @@ class EngineConfig(ConfigModel):
     def _http_urls(cls, urls: list[str]) -> list[str]:
         for url in urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"engine.urls: {url!r} must start with http:// or https:// (e.g. http://127.0.0.1:30000)")
+                raise ValueError(f"engine.urls: {url!r} must start with http:// or https:// "
+                                 "(e.g. http://127.0.0.1:30000)")
         return urls
 
     @model_validator(mode="after")

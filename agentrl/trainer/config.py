@@ -114,7 +114,7 @@ class ClipCovKnobs(ConfigModel):
 
 
 class KlCovKnobs(ConfigModel):
-    kl_cov_ratio: float = Field(0.0002, gt=0, le=1)  # share of tokens (largest covariance) given the |log ratio| penalty
+    kl_cov_ratio: float = Field(0.0002, gt=0, le=1)  # share of tokens (largest covariance) given the penalty
     ppo_kl_coef: float = Field(0.1, ge=0)  # coefficient of that penalty
 
 
@@ -172,7 +172,7 @@ class MiniBatchConfig(ConfigModel):
     """How one update slices the step's trajectories (module docstring: batch-size units)."""
 
     ppo_mini_batch_size: int = Field(8, ge=1)  # prompts per optimizer step (x rollout.n trajectories)
-    ppo_micro_batch_size: int = Field(4, ge=1)  # trajectories per rank per forward when max_tokens_per_micro_batch is null
+    ppo_micro_batch_size: int = Field(4, ge=1)  # trajectories per rank per forward (max_tokens_per_micro_batch null)
     max_tokens_per_micro_batch: int | None = Field(8192, ge=1)  # padded tokens per rank per forward (length-sorted)
     ppo_epochs: int = Field(1, ge=1)
     shuffle: bool = True  # shuffle trajectories before cutting mini-batches (seeded per step)
