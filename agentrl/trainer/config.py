@@ -101,6 +101,8 @@ class CispoLoss(ConfigModel):
 
 
 class ClipCovKnobs(ConfigModel):
+    """The knobs of clip_cov (a module:function loss receives them too)."""
+
     clip_cov_ratio: float = Field(0.0002, gt=0, le=1)  # share of tokens whose gradient is dropped
     clip_cov_lb: float = 1.0  # covariance band [lb, ub] the dropped tokens are drawn from
     clip_cov_ub: float = 5.0
@@ -114,6 +116,8 @@ class ClipCovKnobs(ConfigModel):
 
 
 class KlCovKnobs(ConfigModel):
+    """The knobs of kl_cov (a module:function loss receives them too)."""
+
     kl_cov_ratio: float = Field(0.0002, gt=0, le=1)  # share of tokens (largest covariance) given the penalty
     ppo_kl_coef: float = Field(0.1, ge=0)  # coefficient of that penalty
 
