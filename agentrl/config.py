@@ -1,38 +1,106 @@
-"""Typed configuration: YAML files + dotted CLI overrides -> nested dataclasses.
+"""Typed configuration: YAML files + dotted CLI overrides -> pydantic models.
 
-Each component owns its dataclass (e.g. `agentrl.trainer.config.ActorConfig`); this module holds the machinery
-that loads and validates them and the top-level `TrainConfig` that composes them. Rules:
+Each component owns its model (e.g. `agentrl.trainer.config.ActorConfig`), a `ConfigModel`; this module holds the
+base model, the loader and the translation of pydantic's errors into one line a user can act on:
 
-- an unknown key fails at load time naming the key, the file and the nearest valid key;
-- a value of the wrong type fails naming the key and the expected type;
-- the resolved config is written into the run directory (`save_config`).
+- an unknown key fails at load time naming the key, the file and the nearest valid key (or, for a knob of
+  another mode of a `tagged_union`, the mode it belongs to);
+- a value of the wrong type fails naming the key and the expected type; a value out of range names the bound;
+- the resolved config is written into the run directory (`save_config`) and loads back as the same config.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import importlib
 import types
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, ValidationError
 
-from agentrl.errors import UserError
+from agentrl.errors import UserError, one_line
 
-T = TypeVar("T")
+M = TypeVar("M", bound="ConfigModel")
 
 
 class ConfigError(UserError, ValueError):
     """A configuration problem the user can fix; the message names the key, the source and the fix."""
 
 
+class ConfigModel(BaseModel):
+    """Base of every config section. Unknown keys are errors; types are strict as YAML users expect: an int is
+    neither a bool nor a string, a float takes an int, a bool is true or false, a string is a string. Built in
+    Python (`EngineConfig(max_batch_size=0)`) it raises the same one-line `ConfigError` as a config file."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    # The section's key in a training config ("engine", "agent", ...), named by a bound's message when the section
+    # is validated alone, as the training config would name it.
+    section: ClassVar[str] = ""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise ConfigError(explain(e, type(self))) from None
+
+    # Nested sections are validated as pydantic's own __init__ would (the error is translated once, at the top).
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------- modes keyed on a name
+
+
+def tagged_union(key: str, *modes: type[ConfigModel], other: type[ConfigModel] | None = None) -> Any:
+    """The annotation of a section that is one of `modes`, chosen by its `key` field (each mode declares
+    `key: Literal["its name"] = "its name"`; a missing key means the first mode). A value no mode names goes to
+    `other` (e.g. a `package.module:function` mode, which validates the name itself). A knob of another mode
+    that holds that mode's default is dropped, so configs saved with every knob listed still load."""
+    names = {m.model_fields[key].default: m for m in modes}
+    first = next(iter(names))
+
+    def name_of(value: Any) -> str | None:
+        name = value.get(key, first) if isinstance(value, dict) else getattr(value, key, None)
+        return name if name in names else "other" if other is not None and isinstance(name, str) else None
+
+    def drop_other_defaults(value: Any) -> Any:
+        chosen = names.get(name_of(value)) if isinstance(value, dict) else None
+        if chosen is None:
+            return value
+        return {k: v for k, v in value.items() if k in chosen.model_fields or not _default_elsewhere(k, v, modes)}
+
+    members = [Annotated[m, Tag(name)] for name, m in names.items()]
+    if other is not None:
+        members.append(Annotated[other, Tag("other")])
+    return Annotated[Union[tuple(members)], Discriminator(name_of), BeforeValidator(drop_other_defaults)]
+
+
+def _default_elsewhere(name: str, value: Any, modes: tuple[type[ConfigModel], ...]) -> bool:
+    return any(name in m.model_fields and m.model_fields[name].default == value for m in modes)
+
+
+def _modes(tp: Any) -> dict[str, type[BaseModel]]:
+    """Tag -> model of a `tagged_union` annotation (empty for any other annotation)."""
+    found = {}
+    for member in get_args(tp) if get_origin(tp) in (Union, types.UnionType) else ():
+        if get_origin(member) is Annotated:
+            for meta in member.__metadata__:
+                if isinstance(meta, Tag):
+                    found[meta.tag] = get_args(member)[0]
+    return found
+
+
+# ------------------------------------------------------------------------------------- pydantic errors -> one line
+
+
 def _type_name(tp: Any) -> str:
     origin = get_origin(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
+    if origin is Annotated:
+        return _type_name(get_args(tp)[0])
     if origin in (Union, types.UnionType):
         return " | ".join(_type_name(a) for a in get_args(tp))
     if origin is not None:
@@ -43,98 +111,118 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
-    """Check `value` against the annotation `tp` and return it (nested dataclasses are built)."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping for {tp.__name__}, got {type(value).__name__} {value!r} ({source})")
-        return _build(tp, value, key, source)
-    if origin in (Union, types.UnionType):
-        options = get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option, key, source)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} ({source})")
-    if origin is Literal:
-        allowed = get_args(tp)
-        if value not in allowed:
-            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(repr(a) for a in allowed)}{hint} ({source})")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} ({source})")
-        (item_tp, *_) = get_args(tp) or (Any,)
-        return [_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} ({source})")
-        _, val_tp = get_args(tp) or (Any, Any)
-        return {k: _coerce(v, val_tp, f"{key}.{k}", source) for k, v in value.items()}
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected float, got {type(value).__name__} {value!r} ({source})")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected int, got {type(value).__name__} {value!r} ({source})")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected bool (true/false), got {type(value).__name__} {value!r} ({source})")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected str, got {type(value).__name__} {value!r} ({source})")
-        return value
-    if isinstance(tp, type) and not isinstance(value, tp):
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r} ({source})")
-    return value
+def _unwrap(tp: Any) -> Any:
+    """`X | None` -> X (pydantic puts no step for the None branch in `loc`), Annotated[X, ...] -> X."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+        elif get_origin(tp) in (Union, types.UnionType) and not _modes(tp):
+            options = [a for a in get_args(tp) if a is not type(None)]
+            if len(options) != 1:
+                return tp
+            tp = options[0]
+        else:
+            return tp
 
 
-def _all_keys(cls: type, prefix: str = "") -> list[str]:
-    keys = []
-    for f in dataclasses.fields(cls):
-        full = f"{prefix}{f.name}"
-        keys.append(full)
-        hint = get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(hint):
-            keys.extend(_all_keys(hint, full + "."))
-    return keys
+class _Place:
+    """Where an error's `loc` points: the dotted key, the annotation there, the model holding the last key and,
+    when the path went through a `tagged_union`, the chosen mode and all modes."""
+
+    def __init__(self, cls: type[BaseModel], loc: tuple) -> None:
+        self.key, self.tp, self.parent = "", cls, cls
+        self.mode: tuple[str, str, dict[str, type[BaseModel]]] | None = None  # (union key, chosen tag, modes)
+        tp: Any = cls
+        for part in loc:
+            tp = _unwrap(tp)
+            if isinstance(tp, type) and issubclass(tp, BaseModel):
+                self.parent = tp
+                self.key = f"{self.key}.{part}" if self.key else str(part)
+                field = tp.model_fields.get(part)
+                tp = self.tp = field.annotation if field else None
+            elif get_origin(tp) in (list, tuple) and isinstance(part, int):
+                self.key += f"[{part}]"
+                tp = self.tp = (get_args(tp) or (Any,))[0]
+            elif get_origin(tp) is dict and part != "[key]":
+                self.key += f".{part}"
+                tp = self.tp = (get_args(tp) or (Any, Any))[1]
+            elif _modes(tp) and part in _modes(tp):
+                self.mode = (self.key, part, _modes(tp))
+                tp = _modes(tp)[part]
+            elif get_origin(tp) in (Union, types.UnionType):
+                continue  # a union member's name (str | list[str] -> "list[str]")
+            else:
+                break
 
 
-def _build(cls: type[T], data: dict, prefix: str, source: str) -> T:
-    hints = get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in names:
-            full = f"{prefix}.{key}" if prefix else str(key)
-            candidates = [f"{prefix}.{n}" if prefix else n for n in names]
-            close = difflib.get_close_matches(full, candidates, n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(sorted(candidates))}"
-            raise ConfigError(f"unknown config key '{full}' in {source}{hint}")
-    kwargs = {}
-    for name, value in data.items():
-        full = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], full, source)
-    try:
-        obj = cls(**kwargs)
-    except TypeError as e:  # a required field is missing
-        raise ConfigError(f"{prefix or cls.__name__}: {e} ({source})") from None
-    except ValueError as e:  # __post_init__ validation
-        raise ConfigError(f"{prefix or cls.__name__}: {e} ({source})") from None
-    return obj
+_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
+           "less_than_equal": ("le", "<=")}
+
+
+def _unknown_key(place: _Place, source: str) -> str:
+    *_, name = place.key.rsplit(".", 1)
+    if place.mode is not None:
+        mode_key, chosen, modes = place.mode
+        owners = [tag for tag, m in modes.items() if name in m.model_fields and tag != "other"]
+        if owners:
+            field = next(k for k, f in modes[owners[0]].model_fields.items() if f.default == owners[0])
+            return (f"{place.key} belongs to {field} {' or '.join(repr(t) for t in owners)}, not {chosen!r}: "
+                    f"set {mode_key}.{field}={owners[0]} or drop the key ({source})")
+    prefix = place.key[: -len(name)]
+    candidates = [prefix + n for n in place.parent.model_fields]
+    close = difflib.get_close_matches(place.key, candidates, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(sorted(candidates))}"
+    return f"unknown config key '{place.key}' in {source}{hint}"
+
+
+def _describe(err: dict, cls: type[BaseModel], source: str) -> str:
+    place = _Place(cls, err["loc"])
+    key, kind, value, ctx = place.key or cls.__name__, err["type"], err.get("input"), err.get("ctx") or {}
+    where = f" ({source})" if source else ""
+    if kind == "extra_forbidden":
+        return _unknown_key(place, source or "the arguments")
+    if kind in ("value_error", "assertion_error") and "error" in ctx:
+        message = str(ctx["error"])  # a validator's own message, prefixed with the key unless it starts with it
+        first = message.split(" ", 1)[0].rstrip(":,")
+        named = not place.key or first.startswith(place.key) or first.endswith(place.key.rsplit(".", 1)[-1])
+        return (message if named else f"{key}: {message}") + where
+    if kind == "literal_error":
+        allowed = _literals(place.tp)
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{key}: {value!r} is not one of {', '.join(repr(a) for a in allowed)}{hint}{where}"
+    if kind in _BOUNDS:
+        bound, op = _BOUNDS[kind]
+        section = getattr(cls, "section", "")  # a section validated alone still names its key as a run's config does
+        named = f"{section}.{key}" if section and place.key else key
+        return f"{named} must be {op} {ctx[bound]}, got {value!r}{where}"
+    if kind in ("too_short", "too_long"):
+        return f"{key} must hold {ctx.get('min_length', ctx.get('max_length'))} items, got {value!r}{where}"
+    if kind == "missing":
+        return f"{key} is required (no default){where}"
+    if kind in ("model_type", "model_attributes_type", "union_tag_not_found"):
+        section = _unwrap(place.tp)
+        what = f"a mapping for {section.__name__}" if isinstance(section, type) else "a mapping"
+        return f"{key}: expected {what}, got {type(value).__name__} {value!r}{where}"
+    if kind.endswith(("_type", "_parsing")) or kind == "int_from_float":
+        expected = "bool (true/false)" if kind.startswith("bool") else _type_name(place.tp)
+        return f"{key}: expected {expected}, got {type(value).__name__} {value!r}{where}"
+    return f"{key}: {err['msg']}{where}"
+
+
+def _literals(tp: Any) -> list:
+    tp = _unwrap(tp)
+    if get_origin(tp) is Literal:
+        return list(get_args(tp))
+    return [a for member in get_args(tp) for a in _literals(member)]
+
+
+def explain(error: ValidationError, cls: type[BaseModel], source: str = "") -> str:
+    """pydantic's first error as one line naming the key, what was wrong and, where it helps, the fix."""
+    return _describe(error.errors(include_url=False)[0], cls, source)
+
+
+# --------------------------------------------------------------------------------------------------- the loader
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -144,7 +232,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, raw = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r}: empty key segment")
-    value = yaml.safe_load(raw) if raw != "" else ""
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({one_line(e)})") from None
     # YAML reads 1e-6 as a string (it wants 1.0e-6); users type 1e-6 on the command line.
     if isinstance(value, str):
         try:
@@ -163,8 +254,8 @@ def _merge(base: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict | None = None) -> T:
+def load_config(cls: type[M], path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict | None = None) -> M:
     """Build `cls` from a YAML file (or `data`) plus dotted overrides, validating every key and type."""
     source = str(path) if path else "<defaults>"
     raw: dict = {}
@@ -188,11 +279,15 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         _merge(raw, keys, value)
     if overrides:
         source = f"{source} + overrides {' '.join(overrides)}"
-    return _build(cls, raw, "", source)
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(explain(e, cls, source)) from None
 
 
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+def to_dict(cfg: BaseModel) -> dict:
+    """The config as plain YAML-ready data (what `save_config` writes and `load_config` reads back)."""
+    return cfg.model_dump()
 
 
 def absolute_paths(tree: dict, path_keys: tuple[str, ...]) -> dict:
@@ -213,7 +308,8 @@ def absolute_paths(tree: dict, path_keys: tuple[str, ...]) -> dict:
     return tree
 
 
-def save_config(cfg: Any, run_dir: str | Path, name: str = "config.yaml", *, path_keys: tuple[str, ...] = ()) -> Path:
+def save_config(cfg: BaseModel, run_dir: str | Path, name: str = "config.yaml", *,
+                path_keys: tuple[str, ...] = ()) -> Path:
     """Write the resolved config (every default filled in) into the run directory, the paths under `path_keys`
     absolute (`absolute_paths`)."""
     out = Path(run_dir) / name
@@ -237,4 +333,5 @@ def import_object(spec: str, what: str) -> Any:
         raise ConfigError(f"{what}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-__all__ = ["ConfigError", "absolute_paths", "load_config", "save_config", "to_dict", "parse_override", "import_object"]
+__all__ = ["ConfigError", "ConfigModel", "absolute_paths", "explain", "import_object", "load_config", "parse_override",
+           "save_config", "tagged_union", "to_dict"]

@@ -270,7 +270,7 @@ def train_config(s: QuickstartSettings, model_path: str, rl_files: list[str], to
                               # every run stops on failing services (the trainer's rules); code runs stop sooner,
                               # at a quarter of a step's episodes lost to the sandbox: never train on less silently
                               max_infra_failed_fraction=0.25 if needs_sandbox(s)
-                              else TrainerConfig.max_infra_failed_fraction),
+                              else TrainerConfig.model_fields["max_infra_failed_fraction"].default),
     )
     if not s.rl_overrides:
         return cfg

@@ -5,93 +5,79 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Callable, ClassVar, Literal, get_args
+
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.agent_loop.parsers import PARSERS
-from agentrl.config import ConfigError, import_object
+from agentrl.config import ConfigError, ConfigModel, import_object
 
 
-@dataclass
-class AgentLoopConfig:
+class AgentLoopConfig(ConfigModel):
     """One episode of the multi-turn tool agent (`ToolAgentLoop`).
 
     Budgets count tokens. `max_response_tokens` covers everything after the prompt: sampled tokens, tool
     observations and template glue. The context window is `max_model_len` (None: the engine's `max_model_len`).
     """
 
-    max_assistant_turns: int = 8  # model turns per episode; reaching it ends the episode ("max_turns")
-    max_response_tokens: int = 4096  # model + observation + glue tokens after the prompt
-    max_new_tokens_per_turn: int = 1024  # cap on one engine.generate call
-    max_tool_response_tokens: int = 512  # one tool observation is truncated (middle) to this many tokens
-    max_parallel_calls: int = 4  # calls run concurrently per turn; later calls in the turn get an error observation
+    section: ClassVar[str] = "agent"
+
+    max_assistant_turns: int = Field(8, ge=1)  # model turns per episode; reaching it ends the episode ("max_turns")
+    max_response_tokens: int = Field(4096, ge=1)  # model + observation + glue tokens after the prompt
+    max_new_tokens_per_turn: int = Field(1024, ge=1)  # cap on one engine.generate call
+    max_tool_response_tokens: int = Field(512, ge=1)  # one tool observation is truncated (middle) to this many tokens
+    max_parallel_calls: int = Field(4, ge=1)  # calls run concurrently per turn; later ones get an error observation
     tool_parser: str = "hermes"  # agentrl.agent_loop.parsers.PARSERS key
     tool_truncate_side: Literal["middle", "head", "tail"] = "middle"  # which part of a long observation is cut
-    episode_timeout_s: float | None = 600.0  # wall clock per episode; None: no limit
+    episode_timeout_s: float | None = Field(600.0, gt=0)  # wall clock per episode; None: no limit
     timeout_is_infra_error: bool = True  # a timed-out episode is left out of training (not rewarded 0)
-    max_model_len: int | None = None  # context window; None: take it from the engine (`engine.max_model_len`)
+    max_model_len: int | None = Field(None, ge=2)  # context window; None: the engine's (`engine.max_model_len`)
 
-    def __post_init__(self) -> None:
-        for name in ("max_assistant_turns", "max_response_tokens", "max_new_tokens_per_turn",
-                     "max_tool_response_tokens", "max_parallel_calls"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"agent.{name} must be >= 1, got {getattr(self, name)}")
-        if self.tool_parser not in PARSERS:
-            raise ValueError(f"agent.tool_parser {self.tool_parser!r} is unknown; choose one of {sorted(PARSERS)}")
-        if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
-            raise ValueError(f"agent.episode_timeout_s must be > 0 or null (no limit), got {self.episode_timeout_s}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"agent.max_model_len must be >= 2 or null, got {self.max_model_len}")
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        if name not in PARSERS:
+            raise ValueError(f"agent.tool_parser {name!r} is unknown; choose one of {sorted(PARSERS)}")
+        return name
 
 
-@dataclass
-class RolloutConfig:
+class RolloutConfig(ConfigModel):
     """Groups of episodes per task (`RolloutManager`)."""
 
-    n: int = 8  # episodes per task, sharing one group uid
-    temperature: float = 1.0
-    top_p: float = 1.0
+    section: ClassVar[str] = "rollout"
+
+    n: int = Field(8, ge=1)  # episodes per task, sharing one group uid
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = -1  # -1: off
     seed: int | None = None  # base sampling seed; each episode and turn derives its own (None: unseeded)
-    max_concurrent_episodes: int = 64  # episodes in flight at once, across all engines
+    max_concurrent_episodes: int = Field(64, ge=1)  # episodes in flight at once, across all engines
     dump_episodes: bool = True  # write run_dir/episodes.jsonl (every group member)
 
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"rollout.n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"rollout.top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if self.max_concurrent_episodes < 1:
-            raise ValueError(f"rollout.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}")
+    @field_validator("top_k")
+    @classmethod
+    def _off_or_positive(cls, top_k: int) -> int:
+        if top_k == 0 or top_k < -1:
+            raise ValueError(f"rollout.top_k must be -1 (off) or >= 1, got {top_k}")
+        return top_k
 
 
-@dataclass
-class OverlongBufferConfig:
+class OverlongBufferConfig(ConfigModel):
     """`reward.overlong_buffer`: DAPO's soft overlong punishment (`agentrl.trainer.algos.overlong_penalty`).
     A response of L tokens (everything after the prompt) gets min(0, (agent.max_response_tokens - len - L) / len)
     * penalty_factor added to its reward: 0 up to max_response_tokens - len, -penalty_factor at the budget."""
 
     enable: bool = False
-    len: int = 1024  # buffer length L_buf in tokens, <= agent.max_response_tokens
-    penalty_factor: float = 1.0  # the penalty at the full budget, in reward units
-
-    def __post_init__(self) -> None:
-        if self.len < 1 or self.penalty_factor < 0:
-            raise ValueError(f"reward.overlong_buffer needs len >= 1 and penalty_factor >= 0, got len={self.len}, "
-                             f"penalty_factor={self.penalty_factor}")
+    len: int = Field(1024, ge=1)  # buffer length L_buf in tokens, <= agent.max_response_tokens
+    penalty_factor: float = Field(1.0, ge=0)  # the penalty at the full budget, in reward units
 
 
 RewardOnError = Literal["raise", "zero", "drop"]
 REWARD_ON_ERROR = get_args(RewardOnError)  # reward.on_error values
 
 
-@dataclass
-class CustomRewardFunctionConfig:
+class CustomRewardFunctionConfig(ConfigModel):
     """`reward.custom_reward_function` (verl's key): a function in a Python file that scores every row in verl's
     format instead of the data_source routing, called as verl calls it: fn(data_source=..., solution_str=...,
     ground_truth=..., extra_info=..., **reward_kwargs) -> float or {"score": float, ...}; may be async.
@@ -99,9 +85,10 @@ class CustomRewardFunctionConfig:
 
     path: str | None = None  # the .py file; null: verl rows are scored by their data_source
     name: str = "compute_score"  # the function in that file
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keywords, over the call's own
+    reward_kwargs: dict[str, Any] = Field(default_factory=dict)  # extra keywords, over the call's own
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _loads_and_accepts_verl_keywords(self) -> CustomRewardFunctionConfig:
         if self.path is not None:
             fn = load_custom_reward_function(self.path, self.name)
             try:
@@ -110,6 +97,7 @@ class CustomRewardFunctionConfig:
             except (TypeError, ValueError) as e:
                 raise ConfigError(f"{self.name} in {self.path} must accept "
                                   f"(data_source, solution_str, ground_truth, extra_info) as keywords: {e}") from None
+        return self
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,8 +122,7 @@ def load_custom_reward_function(path: str, name: str) -> Callable:
     return fn
 
 
-@dataclass
-class RewardConfig:
+class RewardConfig(ConfigModel):
     """How episodes are scored (`agentrl.agent_loop.rewards`).
 
     `answer_from`: "answer_tag" reads <answer>...</answer> from the final assistant turn and falls back to its
@@ -153,29 +140,34 @@ class RewardConfig:
     reward.custom name, module:fn) scores them all; `custom_reward_function` (verl's key) overrides both.
     """
 
+    section: ClassVar[str] = "reward"
+
     answer_from: Literal["answer_tag", "answer_tag_strict", "final_text"] = "answer_tag"
     sandbox_url: str | None = None  # for "unit_tests" rewards, e.g. http://127.0.0.1:8080
-    unit_tests_timeout_s: float = 10.0  # run_timeout of one unit-test run in the sandbox
+    unit_tests_timeout_s: float = Field(10.0, gt=0)  # run_timeout of one unit-test run in the sandbox
     score_unfinished: bool = False
     # code rewards: copies of a program already run (same code, tests and limits) take its verdict instead of
     # running again (`rewards.VerdictCache`); false runs every copy
     reuse_verdicts: bool = True
-    custom: dict[str, str] = field(default_factory=dict)
+    custom: dict[str, str] = Field(default_factory=dict)
     verl_reward_type: str = "verl"
-    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
-    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    custom_reward_function: CustomRewardFunctionConfig = Field(default_factory=CustomRewardFunctionConfig)
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
     on_error: RewardOnError = "raise"
 
-    def __post_init__(self) -> None:
-        if self.on_error not in REWARD_ON_ERROR:
-            raise ValueError(f"reward.on_error {self.on_error!r} is unknown; choose one of "
-                             f"{', '.join(REWARD_ON_ERROR)}")
-        if self.unit_tests_timeout_s <= 0:
-            raise ValueError(f"reward.unit_tests_timeout_s must be > 0, got {self.unit_tests_timeout_s}")
-        if self.sandbox_url is not None and not self.sandbox_url.startswith(("http://", "https://")):
-            raise ValueError(f"reward.sandbox_url {self.sandbox_url!r} must start with http:// or https://")
-        for name, spec in self.custom.items():
+    @field_validator("sandbox_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"reward.sandbox_url {url!r} must start with http:// or https://")
+        return url
+
+    @field_validator("custom")
+    @classmethod
+    def _callable_rewards(cls, custom: dict[str, str]) -> dict[str, str]:
+        for name, spec in custom.items():
             check_reward_fn(import_object(spec, f"reward.custom.{name}"), f"reward.custom.{name} ({spec})")
+        return custom
 
 
 def check_reward_fn(fn, what: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.agent_loop.config import AgentLoopConfig
@@ -132,7 +132,7 @@ def replay_inputs(row: dict) -> tuple[Task, SamplingParams, AgentLoopConfig, Rec
     task = Task(prompt=row["messages"][: rec["prompt_messages"]], tools=rec["tools"],
                 tools_kwargs=rec["tools_kwargs"] or {}, task_id=row.get("task_id", ""),
                 data_source=row.get("data_source", "unknown"))
-    agent = {k: v for k, v in rec["agent"].items() if k in {f.name for f in fields(AgentLoopConfig)}}
+    agent = {k: v for k, v in rec["agent"].items() if k in AgentLoopConfig.model_fields}
     agent["episode_timeout_s"] = None  # wall-clock limits are not reproducible; compare tokens instead
     if agent.get("max_model_len") is None:
         agent["max_model_len"] = rec["engine"].get("max_model_len")

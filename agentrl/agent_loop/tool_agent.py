@@ -163,7 +163,7 @@ class ToolAgentLoop:
                            "max_model_len": self.max_model_len},
                 "sampling": asdict(sampling), "tools": task.tools, "tool_schemas": template.tools,
                 "tools_kwargs": task.tools_kwargs, "prompt_messages": len(task.prompt),
-                "agent": asdict(self.config)}
+                "agent": self.config.model_dump()}
 
     # --- the loop ---
 

@@ -26,7 +26,6 @@ at `reward_config.sandbox_url`, which also grades unit tests); pass a `ToolRegis
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -216,8 +215,8 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
         "settings": {"n": n, "ks": ks, "temperature": temperature, "greedy": temperature == 0.0, "top_p": top_p,
                      "top_k": top_k, "seed": seed, "success_threshold": success_threshold,
                      "max_concurrent_episodes": max_concurrent_episodes},
-        "config": {"engine": dataclasses.asdict(engine_config), "agent": dataclasses.asdict(agent_config),
-                   "reward": dataclasses.asdict(reward_config), "tools": _tools_info(registry)},
+        "config": {"engine": engine_config.model_dump(), "agent": agent_config.model_dump(),
+                   "reward": reward_config.model_dump(), "tools": _tools_info(registry)},
         "summary": summary,
         "infra_failures": infra_failures(episodes),
         "timing": {"startup_s": t_ready - t_start, "rollout_s": t_done - t_ready, "total_s": t_done - t_start,

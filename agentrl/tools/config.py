@@ -13,45 +13,50 @@ So once the concurrency limits admit it, no call takes longer than
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlparse
+
+from pydantic import Field, field_validator, model_validator
+
+from agentrl.config import ConfigModel
 
 BUILTIN_TOOLS = ("calculator", "lookup", "python")
 
 
-@dataclass
-class ServiceConfig:
+class ServiceConfig(ConfigModel):
     url: str  # http://host:port of a tool service, or the MCP endpoint (e.g. http://host:port/mcp) for kind mcp
     name: str | None = None  # label in errors and metrics; default host:port
     kind: Literal["http", "mcp"] = "http"
     tools: list[str] | None = None  # serve only these of the service's tools (None: all)
-    timeout_s: float = 30.0  # one attempt, connect included
-    connect_timeout_s: float = 5.0
-    max_concurrency: int = 64  # calls in flight to this service
-    retries: int = 2  # extra attempts after a connection error, 503 or 504
-    backoff_s: float = 0.1  # first backoff; doubles per retry, with jitter
-    max_backoff_s: float = 5.0  # cap on one backoff, Retry-After included
-    headers: dict[str, str] = field(default_factory=dict)  # e.g. an Authorization header
+    timeout_s: float = Field(30.0, gt=0)  # one attempt, connect included
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_concurrency: int = Field(64, ge=1)  # calls in flight to this service
+    retries: int = Field(2, ge=0)  # extra attempts after a connection error, 503 or 504
+    backoff_s: float = Field(0.1, ge=0)  # first backoff; doubles per retry, with jitter
+    max_backoff_s: float = Field(5.0, gt=0)  # cap on one backoff, Retry-After included
+    headers: dict[str, str] = Field(default_factory=dict)  # e.g. an Authorization header
 
-    def __post_init__(self) -> None:
-        parsed = urlparse(self.url)
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"tool service url {self.url!r} must look like http://host:port")
-        self.url = self.url.rstrip("/")
+            raise ValueError(f"tool service url {url!r} must look like http://host:port")
+        return url.rstrip("/")
+
+    @field_validator("tools")
+    @classmethod
+    def _not_empty(cls, tools: list[str] | None) -> list[str] | None:
+        if tools is not None and not tools:
+            raise ValueError("tools is an empty list; omit it to use every tool")
+        return tools
+
+    @model_validator(mode="after")
+    def _default_name(self) -> ServiceConfig:
         if self.name is None:
+            parsed = urlparse(self.url)
             self.name = parsed.netloc + (parsed.path if self.kind == "mcp" else "")
-        for key in ("timeout_s", "connect_timeout_s", "max_backoff_s"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"service {self.name}: {key} must be > 0, got {getattr(self, key)}")
-        if self.backoff_s < 0:
-            raise ValueError(f"service {self.name}: backoff_s must be >= 0, got {self.backoff_s}")
-        if self.max_concurrency < 1:
-            raise ValueError(f"service {self.name}: max_concurrency must be >= 1, got {self.max_concurrency}")
-        if self.retries < 0:
-            raise ValueError(f"service {self.name}: retries must be >= 0, got {self.retries}")
-        if self.tools is not None and not self.tools:
-            raise ValueError(f"service {self.name}: tools is an empty list; omit it to use every tool")
+        return self
 
     @property
     def call_budget_s(self) -> float:
@@ -59,38 +64,41 @@ class ServiceConfig:
         return (self.retries + 1) * (self.timeout_s + self.connect_timeout_s) + self.retries * self.max_backoff_s
 
 
-@dataclass
-class ToolsConfig:
+class ToolsConfig(ConfigModel):
     config: str | None = None  # a tools YAML whose services/builtin/functions/tools_kwargs are added first
-    services: list[ServiceConfig] = field(default_factory=list)
-    builtin: list[str] = field(default_factory=list)  # in-process built-in tools: calculator, lookup, python
-    functions: list[str] = field(default_factory=list)  # in-process tools as "package.module:function"
-    tools_kwargs: dict[str, dict] = field(default_factory=dict)  # session defaults of in-process stateful tools
-    max_concurrency: int = 256  # tool calls in flight over all services
-    local_max_concurrency: int = 64  # in-process tool calls in flight
-    local_timeout_s: float = 60.0  # one in-process call
-    max_output_chars: int | None = None  # hard cap on any tool output (middle truncation); None: no cap
-    discovery_timeout_s: float = 10.0  # per service, at start
+    services: list[ServiceConfig] = Field(default_factory=list)
+    builtin: list[str] = Field(default_factory=list)  # in-process built-in tools: calculator, lookup, python
+    functions: list[str] = Field(default_factory=list)  # in-process tools as "package.module:function"
+    tools_kwargs: dict[str, dict] = Field(default_factory=dict)  # session defaults of in-process stateful tools
+    max_concurrency: int = Field(256, ge=1)  # tool calls in flight over all services
+    local_max_concurrency: int = Field(64, ge=1)  # in-process tool calls in flight
+    local_timeout_s: float = Field(60.0, gt=0)  # one in-process call
+    max_output_chars: int | None = Field(None, ge=1)  # hard cap on any tool output (middle truncation); None: no cap
+    discovery_timeout_s: float = Field(10.0, gt=0)  # per service, at start
 
-    def __post_init__(self) -> None:
-        unknown = [b for b in self.builtin if b not in BUILTIN_TOOLS]
+    @field_validator("builtin")
+    @classmethod
+    def _known_builtins(cls, builtin: list[str]) -> list[str]:
+        unknown = [b for b in builtin if b not in BUILTIN_TOOLS]
         if unknown:
             raise ValueError(f"unknown builtin tool(s) {unknown}; available: {', '.join(BUILTIN_TOOLS)}")
-        for spec in self.functions:
+        return builtin
+
+    @field_validator("functions")
+    @classmethod
+    def _module_functions(cls, functions: list[str]) -> list[str]:
+        for spec in functions:
             if ":" not in spec:
                 raise ValueError(f"functions entry {spec!r} must look like 'package.module:function'")
-        for key in ("max_concurrency", "local_max_concurrency"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("local_timeout_s", "discovery_timeout_s"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
-        if self.max_output_chars is not None and self.max_output_chars < 1:
-            raise ValueError(f"max_output_chars must be >= 1 or null, got {self.max_output_chars}")
+        return functions
+
+    @model_validator(mode="after")
+    def _distinct_service_names(self) -> ToolsConfig:
         names = [s.name for s in self.services]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"two services share the name(s) {dupes}; set a distinct `name:` on each")
+        return self
 
 
 def resolve_tools_config(cfg: ToolsConfig) -> ToolsConfig:

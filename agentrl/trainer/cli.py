@@ -48,11 +48,16 @@ def _train(args: argparse.Namespace) -> int:
 # `agentrl sft CONFIG`: supervised fine-tuning (`agentrl.trainer.sft`). This module's docstring is `agentrl train
 # --help`, so the command is described here.
 def _sft(args: argparse.Namespace) -> int:
-    from agentrl.config import load_config
+    import yaml
+
+    from agentrl.config import load_config, to_dict
     from agentrl.preflight import check_sft
     from agentrl.trainer.sft import SFTConfig, run_sft
 
     cfg = load_config(SFTConfig, args.config, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
     check_sft(cfg)
     if args.check:
         print(f"ok: {args.config} is ready for SFT (model and demonstration rows checked)")
@@ -75,6 +80,7 @@ def add_commands(subparsers) -> None:
     p = subparsers.add_parser("sft", help="supervised fine-tuning on tool-use transcripts (cold start), same masking as RL")
     p.add_argument("config", help="YAML file, e.g. configs/sft/tiny_cpu.yaml")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.max_steps=50 actor.lr=1e-3")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--check", action="store_true",
                    help="check the model directory and every demonstration row, then exit without training")
     p.set_defaults(func=_sft)

@@ -1,5 +1,5 @@
 """Training configuration: the trainer's own sections and the top-level `TrainConfig` that composes every
-component's dataclass.
+component's model.
 
 Knob names follow verl's (`ppo_mini_batch_size`, `clip_ratio_low`, `kl_loss_coef`, `loss_agg_mode`, ...) so a
 verl user can read a config without a glossary, but the tree is shallow: one section per component.
@@ -16,17 +16,19 @@ Batch-size units (the usual source of confusion):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
+
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig
+from agentrl.config import ConfigModel, tagged_union
 from agentrl.inference.config import EngineConfig
 from agentrl.tools.config import ToolsConfig
 from agentrl.trainer.algos import (
-    AGG_MODES,
-    KL_KINDS,
     NEEDS_CRITIC,
     NEEDS_OLD_LOGPROBS,
+    KLKind,
+    LossAggMode,
     PolicyLossKnobs,
     resolve_adv_estimator,
     resolve_policy_loss,
@@ -34,14 +36,8 @@ from agentrl.trainer.algos import (
 
 log = logging.getLogger(__name__)
 
-LOSS_AGG_MODES = AGG_MODES
-KL_TYPES = KL_KINDS
-LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-assert get_args(LossAggMode) == AGG_MODES, "LossAggMode must list agentrl.trainer.algos.AGG_MODES"
 
-
-@dataclass
-class ModelConfig:
+class ModelConfig(ConfigModel):
     """The policy model (an HF causal-LM directory) and how the trainer holds it."""
 
     path: str = ""  # HF model dir (config.json + weights + tokenizer), e.g. the output of `agentrl init-model`
@@ -52,93 +48,162 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% slower)
     attn_implementation: str = "sdpa"  # "sdpa" | "eager" | "flash_attention_2" (GPU)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _fp32_master_weights(self) -> ModelConfig:
         if self.dtype != "float32" and self.mixed_precision != "none":
             raise ValueError("model.mixed_precision needs model.dtype float32 (fp32 master weights); "
                              f"got dtype={self.dtype!r}, mixed_precision={self.mixed_precision!r}")
+        return self
 
 
-@dataclass
-class DataConfig:
+class DataConfig(ConfigModel):
     """Where tasks come from (`agentrl.data.tasks.load_tasks`: jsonl or parquet, project or verl-style rows)."""
 
-    train_files: list[str] = field(default_factory=list)
-    val_files: list[str] = field(default_factory=list)
-    train_batch_size: int = 8  # prompts per RL step (each rolled out rollout.n times)
+    train_files: list[str] = Field(default_factory=list)
+    val_files: list[str] = Field(default_factory=list)
+    train_batch_size: int = Field(8, ge=1)  # prompts per RL step (each rolled out rollout.n times)
     # prompts per rollout round with algorithm.filter_zero_variance_groups (verl's DAPO key): more than
     # train_batch_size oversamples, so one round usually yields enough groups with signal instead of several
     # sequential refill rounds (null: train_batch_size). Later rounds scale the missing count the same way.
     gen_batch_size: int | None = None
-    val_batch_size: int | None = None  # prompts evaluated per validation; None: every val task
+    val_batch_size: int | None = Field(None, ge=1)  # prompts evaluated per validation; None: every val task
     shuffle: bool = True  # reshuffle the training tasks every epoch (seeded by `seed`)
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.train_batch_size < 1:
-            raise ValueError(f"data.train_batch_size must be >= 1 (prompts per step), got {self.train_batch_size}")
-        if self.val_batch_size is not None and self.val_batch_size < 1:
-            raise ValueError(f"data.val_batch_size must be >= 1 or null, got {self.val_batch_size}")
+    @model_validator(mode="after")
+    def _gen_batch_covers_train_batch(self) -> DataConfig:
         if self.gen_batch_size is not None and self.gen_batch_size < self.train_batch_size:
             raise ValueError(f"data.gen_batch_size ({self.gen_batch_size}) must be >= data.train_batch_size "
                              f"({self.train_batch_size}) or null")
+        return self
 
 
-@dataclass
-class PolicyLossConfig:
-    """`actor.policy_loss`: which policy-gradient loss, and the knobs of the losses that have their own (verl's
-    names and defaults). The clip ranges of vanilla / gspo / cispo / clip_cov are actor.clip_ratio_low/high."""
+# --------------------------------------------------------------------------- actor.policy_loss: one model per mode
+# The clip ranges of vanilla / gspo / cispo / clip_cov are actor.clip_ratio_low/high (and clip_ratio_c).
 
-    # vanilla | gspo | cispo | clip_cov | kl_cov | reinforce (agentrl.trainer.algos.POLICY_LOSSES) or module:function
-    loss_mode: str = "vanilla"
-    clip_cov_ratio: float = 0.0002  # clip_cov: share of tokens whose gradient is dropped
-    clip_cov_lb: float = 1.0  # clip_cov: covariance band [lb, ub] the dropped tokens are drawn from
+
+class VanillaLoss(ConfigModel):
+    """PPO's clipped surrogate with dual clip."""
+
+    loss_mode: Literal["vanilla"] = "vanilla"
+
+
+class GspoLoss(ConfigModel):
+    """GSPO: the clipped sequence-level ratio (its clip ranges are ~1e-3)."""
+
+    loss_mode: Literal["gspo"] = "gspo"
+
+
+class CispoLoss(ConfigModel):
+    """CISPO: REINFORCE with clipped, stop-gradient importance weights."""
+
+    loss_mode: Literal["cispo"] = "cispo"
+
+
+class ClipCovKnobs(ConfigModel):
+    """The knobs of clip_cov (a module:function loss receives them too)."""
+
+    clip_cov_ratio: float = Field(0.0002, gt=0, le=1)  # share of tokens whose gradient is dropped
+    clip_cov_lb: float = 1.0  # covariance band [lb, ub] the dropped tokens are drawn from
     clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002  # kl_cov: share of tokens (largest covariance) given the |log ratio| penalty
-    ppo_kl_coef: float = 0.1  # kl_cov: coefficient of that penalty
 
-    def __post_init__(self) -> None:
-        resolve_policy_loss(self.loss_mode)
-        if not 0 < self.clip_cov_ratio <= 1 or not 0 < self.kl_cov_ratio <= 1:
-            raise ValueError(f"actor.policy_loss.clip_cov_ratio and kl_cov_ratio must be in (0, 1], got "
-                             f"{self.clip_cov_ratio}, {self.kl_cov_ratio}")
+    @model_validator(mode="after")
+    def _band(self) -> ClipCovKnobs:
         if self.clip_cov_lb >= self.clip_cov_ub:
             raise ValueError(f"actor.policy_loss.clip_cov_lb ({self.clip_cov_lb}) must be below clip_cov_ub "
                              f"({self.clip_cov_ub})")
-        if self.ppo_kl_coef < 0:
-            raise ValueError(f"actor.policy_loss.ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}")
+        return self
 
 
+class KlCovKnobs(ConfigModel):
+    """The knobs of kl_cov (a module:function loss receives them too)."""
 
-@dataclass
-class ActorConfig:
-    """The policy update: optimizer, batch slicing and the PPO/GRPO loss knobs."""
+    kl_cov_ratio: float = Field(0.0002, gt=0, le=1)  # share of tokens (largest covariance) given the penalty
+    ppo_kl_coef: float = Field(0.1, ge=0)  # coefficient of that penalty
 
-    lr: float = 1e-6
+
+class ClipCovLoss(ClipCovKnobs):
+    """Clip-Cov: the clipped surrogate with the gradient of a few high-covariance tokens dropped."""
+
+    loss_mode: Literal["clip_cov"] = "clip_cov"
+
+
+class KlCovLoss(KlCovKnobs):
+    """KL-Cov: the unclipped surrogate plus a |log ratio| penalty on the highest-covariance tokens."""
+
+    loss_mode: Literal["kl_cov"] = "kl_cov"
+
+
+class ReinforceLoss(ConfigModel):
+    """REINFORCE with importance weights (for rollout_correction.bypass_mode)."""
+
+    loss_mode: Literal["reinforce"] = "reinforce"
+
+
+class CustomLoss(ClipCovKnobs, KlCovKnobs):
+    """A `package.module:function` loss: it receives every knob (`PolicyLossKnobs`)."""
+
+    loss_mode: str
+
+    @field_validator("loss_mode")
+    @classmethod
+    def _importable(cls, name: str) -> str:
+        resolve_policy_loss(name)  # an unknown built-in name or a bad module:function fails here, naming the key
+        return name
+
+
+# `actor.policy_loss`, keyed on loss_mode (verl's names and defaults); a knob of another mode is an error naming it.
+PolicyLossConfig = tagged_union("loss_mode", VanillaLoss, GspoLoss, CispoLoss, ClipCovLoss, KlCovLoss, ReinforceLoss,
+                                other=CustomLoss)
+
+
+# ----------------------------------------------------------------- what the actor and the critic share: one model each
+
+
+class OptimizerConfig(ConfigModel):
+    """AdamW and its learning-rate schedule (`agentrl.trainer.fsdp`)."""
+
+    lr: float = Field(1e-6, gt=0)
     weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0  # RL steps of linear warmup (the schedule advances once per update_policy call)
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2)
+    warmup_steps: int = Field(0, ge=0)  # RL steps of linear warmup (the schedule advances once per update call)
     lr_schedule: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
-    grad_clip: float = 1.0  # max global grad norm; a non-finite norm skips the optimizer step
-    ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n trajectories)
-    ppo_micro_batch_size: int = 4  # trajectories per rank per forward, used when max_tokens_per_micro_batch is null
-    max_tokens_per_micro_batch: int | None = 8192  # padded tokens per rank per forward (length-sorted buckets)
-    ppo_epochs: int = 1
+    grad_clip: float = Field(1.0, gt=0)  # max global grad norm; a non-finite norm skips the optimizer step
+
+
+class MiniBatchConfig(ConfigModel):
+    """How one update slices the step's trajectories (module docstring: batch-size units)."""
+
+    ppo_mini_batch_size: int = Field(8, ge=1)  # prompts per optimizer step (x rollout.n trajectories)
+    ppo_micro_batch_size: int = Field(4, ge=1)  # trajectories per rank per forward (max_tokens_per_micro_batch null)
+    max_tokens_per_micro_batch: int | None = Field(8192, ge=1)  # padded tokens per rank per forward (length-sorted)
+    ppo_epochs: int = Field(1, ge=1)
     shuffle: bool = True  # shuffle trajectories before cutting mini-batches (seeded per step)
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2  # DAPO clip-higher: e.g. 0.28
-    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages, > 1
-    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_agg_mode: LossAggMode = "token-mean"
-    loss_scale_factor: float | None = None  # C of seq-mean-token-sum-norm (e.g. max response length)
-    use_kl_loss: bool = False  # keeps a frozen reference policy and adds kl_loss_coef * agg(kl) to the loss
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    entropy_coeff: float = 0.0
-    calculate_entropy: bool = True  # report entropy even when entropy_coeff is 0 (one extra reduction)
-    world_size: int = 1  # FSDP ranks (Ray actors); gloo on CPU, NCCL on GPU
+
+
+class WorkerResources(ConfigModel):
+    """The FSDP ranks of one role (Ray actors)."""
+
+    world_size: int = Field(1, ge=1)  # FSDP ranks; gloo on CPU, NCCL on GPU
     num_cpus_per_worker: float = 1.0  # Ray CPU resource per rank
     num_gpus_per_worker: float = 0.0  # 1.0 on GPU clusters
+
+
+class ActorConfig(WorkerResources, MiniBatchConfig, OptimizerConfig):
+    """The policy update: optimizer, batch slicing, resources and the PPO/GRPO loss knobs."""
+
+    clip_ratio_low: float = Field(0.2, ge=0, lt=1)
+    clip_ratio_high: float = Field(0.2, ge=0)  # DAPO clip-higher: e.g. 0.28
+    clip_ratio_c: float = Field(3.0, gt=1)  # dual-clip bound on the loss of negative-advantage tokens
+    policy_loss: PolicyLossConfig = Field(default_factory=VanillaLoss)
+    loss_agg_mode: LossAggMode = "token-mean"
+    loss_scale_factor: float | None = Field(None, gt=0)  # C of seq-mean-token-sum-norm (e.g. max response length)
+    use_kl_loss: bool = False  # keeps a frozen reference policy and adds kl_loss_coef * agg(kl) to the loss
+    kl_loss_coef: float = 0.001
+    kl_loss_type: KLKind = "low_var_kl"
+    entropy_coeff: float = 0.0
+    calculate_entropy: bool = True  # report entropy even when entropy_coeff is 0 (one extra reduction)
     num_threads_per_worker: int | None = None  # torch intra-op threads per rank; None: host cores // world_size
     # Speed-ups that leave every loss and gradient unchanged (tests/unit/trainer/test_step_speedups.py):
     fast_logprobs: bool = True  # LM head only at the loss tokens' positions (not prompts, tool observations)
@@ -147,62 +212,40 @@ class ActorConfig:
     # the same logprobs and gradients to float rounding, fewer tokens (sdpa and eager attention; fast_logprobs)
     share_prompt_prefix: bool = True
 
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"actor.lr must be > 0, got {self.lr}")
-        if len(self.betas) != 2:
-            raise ValueError(f"actor.betas must hold two numbers, got {self.betas}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"actor.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.grad_clip <= 0:
-            raise ValueError(f"actor.grad_clip must be > 0, got {self.grad_clip}")
-        if self.ppo_mini_batch_size < 1 or self.ppo_micro_batch_size < 1 or self.ppo_epochs < 1:
-            raise ValueError("actor.ppo_mini_batch_size, actor.ppo_micro_batch_size and actor.ppo_epochs must be >= 1")
-        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
-            raise ValueError(f"actor.max_tokens_per_micro_batch must be >= 1 or null, got {self.max_tokens_per_micro_batch}")
-        if not (0 <= self.clip_ratio_low < 1) or self.clip_ratio_high < 0:
-            raise ValueError(f"actor.clip_ratio_low must be in [0, 1) and clip_ratio_high >= 0, got "
-                             f"{self.clip_ratio_low}, {self.clip_ratio_high}")
-        if self.clip_ratio_c <= 1:
-            raise ValueError(f"actor.clip_ratio_c (dual clip) must be > 1, got {self.clip_ratio_c}")
+    @model_validator(mode="after")
+    def _scale_factor_for_norm(self) -> ActorConfig:
         if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
             raise ValueError("actor.loss_agg_mode 'seq-mean-token-sum-norm' needs actor.loss_scale_factor (e.g. the "
                              "max response length): without it the objective would depend on micro-batching")
-        if self.loss_scale_factor is not None and self.loss_scale_factor <= 0:
-            raise ValueError(f"actor.loss_scale_factor must be > 0, got {self.loss_scale_factor}")
-        if self.kl_loss_type not in KL_TYPES:
-            raise ValueError(f"actor.kl_loss_type {self.kl_loss_type!r} is not one of {', '.join(KL_TYPES)}")
-        if self.world_size < 1:
-            raise ValueError(f"actor.world_size must be >= 1, got {self.world_size}")
+        return self
 
     def policy_loss_knobs(self) -> PolicyLossKnobs:
-        """The policy-loss knobs of this config (clip ranges and `policy_loss.*`), as every loss mode receives them."""
-        p = self.policy_loss
-        return PolicyLossKnobs(
-            clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c,
-            clip_cov_ratio=p.clip_cov_ratio, clip_cov_lb=p.clip_cov_lb, clip_cov_ub=p.clip_cov_ub,
-            kl_cov_ratio=p.kl_cov_ratio, ppo_kl_coef=p.ppo_kl_coef)
+        """The policy-loss knobs of this config (clip ranges and `policy_loss.*`), as every loss mode receives them
+        (a mode's knobs it does not have keep their defaults)."""
+        return PolicyLossKnobs(clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
+                               clip_ratio_c=self.clip_ratio_c, **self.policy_loss.model_dump(exclude={"loss_mode"}))
 
 
-@dataclass
-class KLControlConfig:
+# -------------------------------------------------------------------------------------------------- algorithm
+
+
+class KLControlConfig(ConfigModel):
     """`algorithm.kl_ctrl`: the coefficient beta of the reward-side KL (`algorithm.use_kl_in_reward`)."""
 
     type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: float = 0.001  # beta (the starting beta when adaptive)
+    kl_coef: float = Field(0.001, ge=0)  # beta (the starting beta when adaptive)
     target_kl: float = 0.1  # adaptive: the KL per token beta steers towards
     horizon: int = 10000  # adaptive: trajectories over which beta may change by a factor of about e^0.2
 
-    def __post_init__(self) -> None:
-        if self.kl_coef < 0:
-            raise ValueError(f"algorithm.kl_ctrl.kl_coef must be >= 0, got {self.kl_coef}")
+    @model_validator(mode="after")
+    def _adaptive_needs_a_target(self) -> KLControlConfig:
         if self.type == "adaptive" and (self.target_kl <= 0 or self.horizon < 1):
             raise ValueError(f"algorithm.kl_ctrl (adaptive) needs target_kl > 0 and horizon >= 1, got "
                              f"target_kl={self.target_kl}, horizon={self.horizon}")
+        return self
 
 
-@dataclass
-class RejectionConfig:
+class RejectionConfig(ConfigModel):
     """`algorithm.rollout_correction.rejection`: drop tokens, or whole trajectories, whose pi_old / pi_rollout
     ratio leaves [lower, upper] (token: each token's ratio; sequence: the product over the trajectory;
     geometric: exp(mean log ratio) over the trajectory). null level: no rejection."""
@@ -211,16 +254,15 @@ class RejectionConfig:
     lower: float | None = None
     upper: float | None = None
 
-    def __post_init__(self) -> None:
-        if self.level is None:
-            return
-        if self.lower is None or self.upper is None or not 0 < self.lower < self.upper:
+    @model_validator(mode="after")
+    def _band(self) -> RejectionConfig:
+        if self.level is not None and (self.lower is None or self.upper is None or not 0 < self.lower < self.upper):
             raise ValueError(f"algorithm.rollout_correction.rejection with level {self.level!r} needs 0 < lower < "
                              f"upper, got lower={self.lower}, upper={self.upper}")
+        return self
 
 
-@dataclass
-class RolloutCorrectionConfig:
+class RolloutCorrectionConfig(ConfigModel):
     """`algorithm.rollout_correction`: importance weights pi_old / pi_rollout on the policy-gradient token losses
     ("Policy 与 Value Update", §2-3). level null: off. mode truncate (TIS): w = min(w, threshold); mask (IcePop):
     w = 0 outside [lower, upper] (defaults 1/threshold and threshold). bypass_mode: old_logp := rollout_logp (no
@@ -228,19 +270,19 @@ class RolloutCorrectionConfig:
 
     level: Literal["token", "sequence"] | None = None
     mode: Literal["truncate", "mask"] = "truncate"
-    threshold: float = 2.0
+    threshold: float = Field(2.0, gt=0)
     lower: float | None = None
     upper: float | None = None
-    rejection: RejectionConfig = field(default_factory=RejectionConfig)
+    rejection: RejectionConfig = Field(default_factory=RejectionConfig)
     bypass_mode: bool = False
 
-    def __post_init__(self) -> None:
-        if self.threshold <= 0:
-            raise ValueError(f"algorithm.rollout_correction.threshold must be > 0, got {self.threshold}")
+    @model_validator(mode="after")
+    def _band_is_ordered(self) -> RolloutCorrectionConfig:
         lower, upper = self.band
         if not 0 <= lower < upper:
             raise ValueError(f"algorithm.rollout_correction: the mask band needs 0 <= lower < upper, got "
                              f"lower={lower}, upper={upper}")
+        return self
 
     @property
     def band(self) -> tuple[float, float]:
@@ -254,102 +296,101 @@ class RolloutCorrectionConfig:
         return self.band if self.mode == "mask" else self.threshold
 
 
-@dataclass
-class AlgorithmConfig:
+# The estimators that read each of verl's flat estimator knobs; a `module:function` estimator may read them all.
+ESTIMATOR_KNOBS = {"gamma": ("gae", "reinforce_plus_plus"), "lam": ("gae",), "norm_adv_by_std_in_grpo": ("grpo",)}
+
+
+class AlgorithmConfig(ConfigModel):
     # gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline (algos.ADV_ESTIMATORS) or module:function
     adv_estimator: str = "grpo"
-    gamma: float = 1.0  # discount (gae, reinforce_plus_plus)
-    lam: float = 1.0  # GAE lambda
-    norm_adv_by_std_in_grpo: bool = True  # False: Dr.GRPO (advantage = score - group mean)
+    gamma: float = Field(1.0, ge=0, le=1)  # discount (gae, reinforce_plus_plus)
+    lam: float = Field(1.0, ge=0, le=1)  # GAE lambda (gae)
+    norm_adv_by_std_in_grpo: bool = True  # grpo; False: Dr.GRPO (advantage = score - group mean)
     use_kl_in_reward: bool = False  # token rewards -= beta * kl_penalty(old_logp, ref_logp) (needs the reference)
-    kl_penalty: str = "kl"  # estimator of the reward-side KL (same kinds as actor.kl_loss_type)
-    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    kl_penalty: KLKind = "kl"  # estimator of the reward-side KL
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
     mask_truncated: bool = False  # leave responses cut by the length budget out of the loss (overlong filtering)
     # DAPO dynamic sampling: drop groups whose rewards are all equal (no signal) and refill from new tasks.
     filter_zero_variance_groups: bool = False
-    max_filter_rounds: int = 3  # extra rollout rounds per step when refilling; then train on what is left
+    max_filter_rounds: int = Field(3, ge=0)  # extra rollout rounds per step when refilling; then train on what is left
 
-    def __post_init__(self) -> None:
-        resolve_adv_estimator(self.adv_estimator)
-        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
-            raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {self.gamma}, {self.lam}")
-        if self.kl_penalty not in KL_TYPES:
-            raise ValueError(f"algorithm.kl_penalty {self.kl_penalty!r} is not one of {', '.join(KL_TYPES)}")
-        if self.max_filter_rounds < 0:
-            raise ValueError(f"algorithm.max_filter_rounds must be >= 0, got {self.max_filter_rounds}")
+    @model_validator(mode="before")
+    @classmethod
+    def _knobs_of_the_estimator(cls, data):
+        """A knob no chosen estimator reads is an error, unless it holds its default (configs saved before the
+        knobs were tied to their estimators list every knob)."""
+        if not isinstance(data, dict):
+            return data
+        name = data.get("adv_estimator", "grpo")
+        unused = _unused_knobs(name) if isinstance(name, str) else ()
+        for knob in unused:
+            if knob in data and data[knob] != cls.model_fields[knob].default:
+                owners = " or ".join(repr(e) for e in ESTIMATOR_KNOBS[knob])
+                raise ValueError(f"algorithm.{knob} is read by adv_estimator {owners}, not {name!r}: drop the key, "
+                                 f"or choose one of those estimators")
+        return {k: v for k, v in data.items() if k not in unused}
+
+    @field_validator("adv_estimator")
+    @classmethod
+    def _known_estimator(cls, name: str) -> str:
+        resolve_adv_estimator(name)
+        return name
+
+    @model_serializer(mode="wrap")
+    def _dump_used_knobs(self, handler):
+        """Leave out the knobs the estimator does not read, so the dump loads back under the same rules."""
+        return {k: v for k, v in handler(self).items() if k not in _unused_knobs(self.adv_estimator)}
 
     @property
     def needs_critic(self) -> bool:
         return self.adv_estimator in NEEDS_CRITIC
 
 
-@dataclass
-class CriticModelConfig:
+def _unused_knobs(estimator: str) -> tuple[str, ...]:
+    if ":" in estimator:
+        return ()
+    return tuple(knob for knob, users in ESTIMATOR_KNOBS.items() if estimator not in users)
+
+
+# ---------------------------------------------------------------------------------------------------- critic
+
+
+class CriticModelConfig(ConfigModel):
     path: str | None = None  # HF model dir; None: initialise from the policy (model.path) with a fresh value head
 
 
-@dataclass
-class CriticConfig:
-    """The value model for GAE: its optimizer, batch slicing and clipped value loss (verl's `critic:` names)."""
+class CriticConfig(WorkerResources, MiniBatchConfig, OptimizerConfig):
+    """The value model for GAE: its optimizer, batch slicing, resources and clipped value loss (verl's `critic:`
+    names). The keys that default to the actor's are null until `TrainConfig` resolves them."""
 
     enable: bool | None = None  # None: on exactly when algorithm.adv_estimator needs values (gae)
-    model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    lr: float = 1e-5
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0  # RL steps of linear warmup, as actor.warmup_steps
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
-    ppo_mini_batch_size: int | None = None  # prompts per critic optimizer step; None: actor.ppo_mini_batch_size
-    ppo_micro_batch_size: int = 4  # trajectories per rank per forward when max_tokens_per_micro_batch is null
-    max_tokens_per_micro_batch: int | None = 8192
-    ppo_epochs: int | None = None  # None: actor.ppo_epochs
-    shuffle: bool = True
-    cliprange_value: float = 0.5  # value clip around the pre-update values (verl default)
+    model: CriticModelConfig = Field(default_factory=CriticModelConfig)
+    lr: float = Field(1e-5, gt=0)
+    ppo_mini_batch_size: int | None = Field(None, ge=1)  # prompts per critic optimizer step; None: the actor's
+    ppo_epochs: int | None = Field(None, ge=1)  # None: actor.ppo_epochs
+    cliprange_value: float = Field(0.5, ge=0)  # value clip around the pre-update values (verl default)
     loss_agg_mode: LossAggMode | None = None  # None: actor.loss_agg_mode
-    loss_scale_factor: float | None = None  # None: actor.loss_scale_factor
-    world_size: int = 1
-    num_cpus_per_worker: float = 1.0
-    num_gpus_per_worker: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or self.grad_clip <= 0:
-            raise ValueError(f"critic.lr and critic.grad_clip must be > 0, got {self.lr}, {self.grad_clip}")
-        if len(self.betas) != 2:
-            raise ValueError(f"critic.betas must hold two numbers, got {self.betas}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"critic.warmup_steps must be >= 0, got {self.warmup_steps}")
-        for name in ("ppo_mini_batch_size", "ppo_epochs", "max_tokens_per_micro_batch"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"critic.{name} must be >= 1 or null, got {value}")
-        if self.ppo_micro_batch_size < 1 or self.world_size < 1:
-            raise ValueError("critic.ppo_micro_batch_size and critic.world_size must be >= 1")
-        if self.cliprange_value < 0:
-            raise ValueError(f"critic.cliprange_value must be >= 0, got {self.cliprange_value}")
-        if self.loss_scale_factor is not None and self.loss_scale_factor <= 0:
-            raise ValueError(f"critic.loss_scale_factor must be > 0, got {self.loss_scale_factor}")
+    loss_scale_factor: float | None = Field(None, gt=0)  # None: actor.loss_scale_factor
 
 
-@dataclass
-class TrainerConfig:
-    total_steps: int = 10  # RL steps
+class TrainerConfig(ConfigModel):
+    total_steps: int = Field(10, ge=1)  # RL steps
     # config.yaml (+ config.resume-<step>.yaml), metrics.jsonl, episodes.jsonl, checkpoints/, final_model/, COMPLETE
     run_dir: str = "runs/default"
-    test_freq: int = 0  # validate every N steps (and before step 1 and after the last); 0: never
-    save_freq: int = 0  # checkpoint every N steps (and after the last); 0: never
-    keep_checkpoints: int = 2  # newest complete checkpoints kept on disk; 0: keep all
+    test_freq: int = Field(0, ge=0)  # validate every N steps (and before step 1 and after the last); 0: never
+    save_freq: int = Field(0, ge=0)  # checkpoint every N steps (and after the last); 0: never
+    keep_checkpoints: int = Field(2, ge=0)  # newest complete checkpoints kept on disk; 0: keep all
     # "auto": latest complete checkpoint in run_dir (a finished run is not rerun) | "never": start over (an earlier
     # run in run_dir is moved aside) | a checkpoint dir. Rules: agentrl.trainer.resume
     resume: str = "auto"
     seed: int = 0
-    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # + "tensorboard", "wandb"
+    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["console", "jsonl"])
     project: str = "agentrl"  # W&B project
     experiment: str = ""  # W&B / TensorBoard run name; "" -> run_dir's name
     deterministic: bool = False  # torch deterministic algorithms + seeded sampling (CPU resume equivalence)
-    val_n: int = 1  # samples per validation task
+    val_n: int = Field(1, ge=1)  # samples per validation task
     val_temperature: float = 0.0  # 0: greedy validation
     ray_address: str | None = None  # None: start a local Ray; "auto" or an address: join a cluster
     ray_num_cpus: int | None = None  # local Ray only; None: Ray's default
@@ -358,45 +399,28 @@ class TrainerConfig:
     # or failing after the clients' retries; such episodes are always dropped, never trained as reward 0): when
     # more than max_infra_failed_fraction of one step's episodes failed (1.0: never), or when infra_streak_steps
     # steps in a row each had more than infra_streak_fraction failed (0 steps: never). Rules: trainer/stops.py
-    max_infra_failed_fraction: float = 0.5
-    infra_streak_fraction: float = 0.25
-    infra_streak_steps: int = 3
-
-    def __post_init__(self) -> None:
-        if self.total_steps < 1:
-            raise ValueError(f"trainer.total_steps must be >= 1, got {self.total_steps}")
-        if self.test_freq < 0 or self.save_freq < 0 or self.keep_checkpoints < 0:
-            raise ValueError("trainer.test_freq, trainer.save_freq and trainer.keep_checkpoints must be >= 0")
-        allowed = {"console", "jsonl", "tensorboard", "wandb"}
-        bad = [name for name in self.loggers if name not in allowed]
-        if bad:
-            raise ValueError(f"trainer.loggers: unknown {bad}; choose from {sorted(allowed)}")
-        if self.val_n < 1:
-            raise ValueError(f"trainer.val_n must be >= 1, got {self.val_n}")
-        for key in ("max_infra_failed_fraction", "infra_streak_fraction"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                raise ValueError(f"trainer.{key} must be in [0, 1], got {getattr(self, key)}")
-        if self.infra_streak_steps < 0:
-            raise ValueError(f"trainer.infra_streak_steps must be >= 0 (0: off), got {self.infra_streak_steps}")
+    max_infra_failed_fraction: float = Field(0.5, ge=0, le=1)
+    infra_streak_fraction: float = Field(0.25, ge=0, le=1)
+    infra_streak_steps: int = Field(3, ge=0)
 
 
-@dataclass
-class TrainConfig:
+class TrainConfig(ConfigModel):
     """Everything `agentrl train CONFIG` needs; see configs/*.yaml for annotated examples."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    tools: ToolsConfig = field(default_factory=ToolsConfig)
-    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    actor: ActorConfig = field(default_factory=ActorConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    critic: CriticConfig = field(default_factory=CriticConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    agent: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _sections_agree(self) -> TrainConfig:
         if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             raise ValueError(f"data.train_batch_size ({self.data.train_batch_size}) must be a multiple of "
                              f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}); both count prompts")
@@ -411,6 +435,7 @@ class TrainConfig:
             raise ValueError(f"reward.overlong_buffer.len ({self.reward.overlong_buffer.len}) must be <= "
                              f"agent.max_response_tokens ({self.agent.max_response_tokens}): the penalty starts at "
                              f"max_response_tokens - len")
+        return self
 
 
 def _check_algorithm(cfg: TrainConfig) -> None:
@@ -462,14 +487,23 @@ def _resolve_critic(cfg: TrainConfig) -> None:
 
 
 __all__ = [
-    "KL_TYPES",
-    "LOSS_AGG_MODES",
+    "ESTIMATOR_KNOBS",
     "ActorConfig",
     "AlgorithmConfig",
+    "CispoLoss",
+    "ClipCovLoss",
     "CriticConfig",
     "CriticModelConfig",
+    "CustomLoss",
+    "GspoLoss",
     "KLControlConfig",
+    "KlCovLoss",
+    "MiniBatchConfig",
+    "OptimizerConfig",
     "PolicyLossConfig",
+    "ReinforceLoss",
+    "VanillaLoss",
+    "WorkerResources",
     "RejectionConfig",
     "RolloutCorrectionConfig",
     "DataConfig",

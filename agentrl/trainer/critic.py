@@ -112,9 +112,7 @@ class CriticGroup(FSDPGroup):
 
 def critic_model(policy: ModelConfig, path: str | None) -> ModelConfig:
     """The value model's ModelConfig: the policy's (dtype, precision, attention) with `path` when it is set."""
-    import dataclasses
-
-    return policy if not path else dataclasses.replace(policy, path=path)
+    return policy if not path else policy.model_copy(update={"path": path})
 
 
 __all__ = ["CriticGroup", "CriticWorker", "critic_model"]

@@ -13,7 +13,6 @@ loss, so each rank's loss is multiplied by the world size before backward.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import random
@@ -391,7 +390,7 @@ class FSDPGroup:
     def __init__(self, model: ModelConfig, cfg, *, total_steps: int = 1, seed: int = 0, deterministic: bool = False,
                  use_ray: bool = True, **worker_kwargs):
         # Ray workers may not share the driver's working directory: hand them absolute paths.
-        model = dataclasses.replace(model, path=str(Path(model.path).resolve()))
+        model = model.model_copy(update={"path": str(Path(model.path).resolve())})
         self.model_cfg, self.cfg, self.use_ray = model, cfg, use_ray
         self.world_size = cfg.world_size
         kwargs = {"world_size": self.world_size, "total_steps": total_steps, "seed": seed,

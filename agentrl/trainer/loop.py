@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -464,7 +463,7 @@ def _seed_everything(cfg: TrainConfig) -> TrainConfig:
     if cfg.trainer.deterministic:
         torch.use_deterministic_algorithms(True)
         if cfg.rollout.seed is None:  # seeded sampling: the same step draws the same episodes after a resume
-            cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, seed=cfg.trainer.seed))
+            cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"seed": cfg.trainer.seed})})
     return cfg
 
 
@@ -556,8 +555,8 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
         try:
             workers, critic, engine, tools = await open_trainer(cfg, resources)
             rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout, cfg.reward, run_dir=run_dir)
-            val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, dataclasses.replace(
-                cfg.rollout, n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False),
+            val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout.model_copy(update=dict(
+                n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False)),
                 cfg.reward, run_dir=None)
             logger = MetricsLogger(run_dir, cfg.trainer.loggers, project=cfg.trainer.project,
                                    experiment=cfg.trainer.experiment, config=to_dict(cfg),

@@ -113,9 +113,12 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
 
 
 def config_changes(current: dict, saved: dict) -> list[str]:
-    """`key (saved -> current)` for every key but `_FREE_WHEN_COMPLETE` whose value differs (paths resolved)."""
+    """`key (saved -> current)` for every key of `current` but `_FREE_WHEN_COMPLETE` whose value differs (paths
+    resolved). A key only the saved config has is one this config does not read: a knob of a loss mode or an
+    estimator it does not use (configs saved before the dumps left those out list every one), or a key agentrl
+    no longer has; a change of mode shows in the mode's own key."""
     old, new = _leaves(saved), _leaves(current)
-    return [f"{key} ({old.get(key)!r} -> {new.get(key)!r})" for key in sorted(old.keys() | new.keys())
+    return [f"{key} ({old.get(key)!r} -> {new.get(key)!r})" for key in sorted(new)
             if key not in _FREE_WHEN_COMPLETE and _comparable(key, old.get(key)) != _comparable(key, new.get(key))]
 
 

@@ -18,45 +18,39 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import Field
+
+from agentrl.config import ConfigModel
 from agentrl.data.demos import load_demos, tokenize_demos
 from agentrl.errors import UserError
 from agentrl.trainer.config import ActorConfig, ModelConfig
 
 
-@dataclass
-class SFTDataConfig:
-    train_files: list[str] = field(default_factory=list)  # JSONL rows {"messages": [...], "tools": [...]}
+class SFTDataConfig(ConfigModel):
+    train_files: list[str] = Field(default_factory=list)  # JSONL rows {"messages": [...], "tools": [...]}
     max_length: int = 2048  # transcripts longer than this (in tokens) are skipped and counted
     shuffle: bool = True
 
 
-@dataclass
-class SFTRunConfig:
-    epochs: int = 1
-    batch_size: int = 16  # transcripts per optimizer step
-    max_steps: int | None = None  # stop early after this many optimizer steps
+class SFTRunConfig(ConfigModel):
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(16, ge=1)  # transcripts per optimizer step
+    max_steps: int | None = Field(None, ge=1)  # stop early after this many optimizer steps
     run_dir: str = "runs/sft"  # sft_metrics.jsonl, config.yaml
     output_dir: str | None = None  # where the fine-tuned HF model is saved; None: <run_dir>/model
     seed: int = 0
     log_freq: int = 10  # console line every N steps (metrics.jsonl gets every step)
     use_ray: bool = False  # True: FSDP ranks as Ray actors (actor.world_size of them); False: one in-process rank
 
-    def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("sft.epochs and sft.batch_size must be >= 1")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"sft.max_steps must be >= 1 or null, got {self.max_steps}")
 
-
-@dataclass
-class SFTConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    actor: ActorConfig = field(default_factory=lambda: ActorConfig(lr=1e-3, weight_decay=0.0, warmup_steps=10))
-    sft: SFTRunConfig = field(default_factory=SFTRunConfig)
+class SFTConfig(ConfigModel):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: SFTDataConfig = Field(default_factory=SFTDataConfig)
+    # SFT's defaults apply when the config has no `actor:` section; a section it has starts from ActorConfig's
+    actor: ActorConfig = Field(default_factory=lambda: ActorConfig(lr=1e-3, weight_decay=0.0, warmup_steps=10))
+    sft: SFTRunConfig = Field(default_factory=SFTRunConfig)
 
 
 class SFTDataError(UserError, ValueError):

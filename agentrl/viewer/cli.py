@@ -86,7 +86,6 @@ def _replay(args: argparse.Namespace) -> int:
 
 def run_engine_config(run_dir: str | Path, *, max_model_len: int | None, dtype: str | None):
     """The run's local engine settings (config.yaml's engine section or eval.json's), for a replay on CPU."""
-    import dataclasses
     import json
 
     import yaml
@@ -105,8 +104,7 @@ def run_engine_config(run_dir: str | Path, *, max_model_len: int | None, dtype: 
     values.update(backend="local", device="cpu", max_model_len=max_model_len)
     if dtype:
         values["dtype"] = dtype
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
-    return EngineConfig(**{k: v for k, v in values.items() if k in known})
+    return EngineConfig(**{k: v for k, v in values.items() if k in EngineConfig.model_fields})
 
 
 __all__ = ["add_commands", "run_engine_config"]

@@ -1,36 +1,36 @@
-"""The config machinery: nested dataclasses from YAML + dotted overrides, with actionable errors."""
+"""The config machinery: nested pydantic models from YAML + dotted overrides, with actionable errors."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
 
 import pytest
 import yaml
+from pydantic import Field, model_validator
 
-from agentrl.config import ConfigError, import_object, load_config, parse_override, save_config
+from agentrl.config import ConfigError, ConfigModel, import_object, load_config, parse_override, save_config
 
 
-@dataclass
-class OptimCfg:
+class OptimCfg(ConfigModel):
     lr: float = 1e-6
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     schedule: Literal["constant", "cosine"] = "constant"
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> OptimCfg:
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        return self
 
 
-@dataclass
-class RootCfg:
+class RootCfg(ConfigModel):
     name: str = "run"
-    steps: int = 10
+    steps: int = Field(10, ge=1)
     use_kl: bool = False
-    files: list[str] = field(default_factory=list)
+    files: list[str] = Field(default_factory=list)
     seed: int | None = None
-    actor: OptimCfg = field(default_factory=OptimCfg)
+    actor: OptimCfg = Field(default_factory=OptimCfg)
 
 
 def write(tmp_path, data) -> str:
@@ -39,7 +39,7 @@ def write(tmp_path, data) -> str:
     return str(p)
 
 
-def test_yaml_and_overrides_build_nested_dataclasses(tmp_path):
+def test_yaml_and_overrides_build_nested_models(tmp_path):
     path = write(tmp_path, {"name": "x", "actor": {"lr": 0.001}, "files": ["a.jsonl"]})
     cfg = load_config(RootCfg, path, ["actor.clip_ratio_high=0.28", "steps=3", "actor.lr=1e-5", "seed=null"])
     assert cfg.name == "x" and cfg.steps == 3 and cfg.seed is None
@@ -79,11 +79,22 @@ def test_wrong_type_names_key_and_expected_type(tmp_path):
         load_config(RootCfg, overrides=["files=[a, 3]"])
 
 
-def test_literal_and_post_init_validation():
+def test_literal_bound_and_validator_messages():
     with pytest.raises(ConfigError, match="did you mean 'cosine'"):
         load_config(RootCfg, overrides=["actor.schedule=cosin"])
     with pytest.raises(ConfigError, match="lr must be > 0"):
         load_config(RootCfg, overrides=["actor.lr=-1"])
+    with pytest.raises(ConfigError, match=r"^steps must be >= 1, got 0 \(<defaults> \+ overrides steps=0\)$"):
+        load_config(RootCfg, overrides=["steps=0"])
+    with pytest.raises(ConfigError, match=r"^actor: expected a mapping for OptimCfg, got int 3"):
+        load_config(RootCfg, overrides=["actor=3"])
+
+
+def test_models_built_in_python_raise_the_same_one_line_errors():
+    with pytest.raises(ConfigError, match=r"^steps must be >= 1, got 0$"):
+        RootCfg(steps=0)
+    with pytest.raises(ConfigError, match=r"^actor.lr: expected float, got str 'x'$"):
+        RootCfg(actor={"lr": "x"})
 
 
 def test_bad_yaml_and_missing_file(tmp_path):

@@ -11,6 +11,7 @@ float) shaped like the tensor they select from; 1 marks a token sampled by the p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -18,7 +19,8 @@ from torch.autograd.function import once_differentiable
 
 LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp(): keeps ratios finite
 LOW_VAR_KL_CLAMP = 10.0  # bound on the k3 estimator's value
-AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 DEFAULT_CHUNK_ELEMENTS = 1 << 25  # logits entries upcast at once by the chunked softmax helpers (128 MiB fp32)
 
 
@@ -136,9 +138,12 @@ def _k2(d: Tensor) -> Tensor:
     return 0.5 * d.square()
 
 
-_KL_ESTIMATORS = {"kl": lambda d: d, "k1": lambda d: d, "abs": torch.abs, "mse": _k2, "k2": _k2}
-_KL_ESTIMATORS |= {"low_var_kl": _k3, "k3": _k3}
-KL_KINDS = tuple(_KL_ESTIMATORS) + tuple(f"{kind}+" for kind in _KL_ESTIMATORS)
+# The estimators by name; a "+" suffix makes one straight-through (see `kl_penalty`).
+KLKind = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3",
+                 "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]
+KL_KINDS: tuple[str, ...] = get_args(KLKind)
+_KL_ESTIMATORS = {"kl": lambda d: d, "k1": lambda d: d, "abs": torch.abs, "mse": _k2, "k2": _k2,
+                  "low_var_kl": _k3, "k3": _k3}
 
 
 def kl_penalty(logprobs_B_T: Tensor, ref_logprobs_B_T: Tensor, kind: str = "low_var_kl") -> Tensor:
@@ -149,11 +154,10 @@ def kl_penalty(logprobs_B_T: Tensor, ref_logprobs_B_T: Tensor, kind: str = "low_
     value of that estimator with the gradient of k2 (d), whose expected gradient is the true KL gradient.
     Aggregate the result with `agg_loss(kl, mask, ...)`; positions where the mask is 0 are not zeroed here.
     """
-    base = kind.removesuffix("+")
-    if base not in _KL_ESTIMATORS:
+    if kind not in KL_KINDS:
         raise ValueError(f"unknown KL kind {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
     d = logprobs_B_T - ref_logprobs_B_T
-    value = _KL_ESTIMATORS[base](d)
+    value = _KL_ESTIMATORS[kind.removesuffix("+")](d)
     if not kind.endswith("+"):
         return value
     k2 = _k2(d)

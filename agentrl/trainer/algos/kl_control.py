@@ -15,8 +15,6 @@ class FixedKLController:
     """beta stays `kl_coef`; `update` does nothing."""
 
     def __init__(self, kl_coef: float):
-        if kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
         self.value = float(kl_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
@@ -40,8 +38,6 @@ class AdaptiveKLController(FixedKLController):
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
         super().__init__(init_kl_coef)
-        if target_kl <= 0 or horizon <= 0:
-            raise ValueError(f"AdaptiveKLController needs target_kl > 0 and horizon > 0, got {target_kl}, {horizon}")
         self.target, self.horizon = float(target_kl), float(horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:

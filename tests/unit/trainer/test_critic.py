@@ -4,7 +4,6 @@ policy's, and a checkpoint restores its weights and optimizer state bit for bit 
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from agentrl.trainer.worker import WorkerGroup
 def critic_config(**changes) -> CriticConfig:
     base = CriticConfig(lr=1e-3, grad_clip=1e6, max_tokens_per_micro_batch=100_000, cliprange_value=0.5,
                         loss_agg_mode="token-mean")
-    return dataclasses.replace(base, **changes)
+    return base.model_copy(update=changes)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +94,7 @@ def test_the_body_starts_from_the_policy_and_the_head_is_seeded(tiny_model_dir):
 def test_critic_model_path_defaults_to_the_policy():
     policy = ModelConfig(path="runs/policy", dtype="bfloat16")
     assert critic_model(policy, None) is policy
-    assert critic_model(policy, "runs/value") == dataclasses.replace(policy, path="runs/value")
+    assert critic_model(policy, "runs/value") == policy.model_copy(update={"path": "runs/value"})
 
 
 def test_checkpoint_restores_critic_weights_and_optimizer_next_to_the_policy(critic, batch, tiny_model_dir,

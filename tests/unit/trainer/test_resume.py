@@ -91,6 +91,25 @@ def test_a_finished_run_asked_with_other_data_says_so_instead_of_claiming_comple
     assert plan_start(cfg(run, "trainer.total_steps=2")).complete  # fewer steps: the same run, already done
 
 
+def test_a_run_saved_with_every_knob_listed_is_still_complete_and_resumes(tmp_path):
+    """Run directories written before the loss modes and estimators were keyed on their names list every knob of
+    every mode at its default; the same config is the same run, and resuming it is allowed."""
+    run = tmp_path / "run"
+    fake_run(run, 3, cfg(run))
+    for path in [run / "config.yaml", *run.glob("checkpoints/*/config.yaml")]:
+        old = yaml.safe_load(path.read_text())
+        old["algorithm"].update(gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True)
+        old["actor"]["policy_loss"].update(clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0,
+                                           kl_cov_ratio=0.0002, ppo_kl_coef=0.1)
+        path.write_text(yaml.safe_dump(old, sort_keys=False))
+    assert plan_start(cfg(run)).complete
+    extended = plan_start(cfg(run, "trainer.total_steps=5"))
+    assert (extended.complete, extended.step) == (False, 3)
+    assert load_config(TrainConfig, run / "config.yaml") == cfg(run)  # and it loads (e.g. for agentrl eval)
+    with pytest.raises(CompletedRunError, match=r"actor.policy_loss.loss_mode \('vanilla' -> 'gspo'\)"):
+        plan_start(cfg(run, "actor.policy_loss.loss_mode=gspo"))
+
+
 def test_the_recorded_configs_hold_absolute_paths_and_match_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "m").mkdir(parents=True)

@@ -5,7 +5,6 @@ a thread pool."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 
@@ -32,7 +31,7 @@ def make_group_actor() -> ActorConfig:
 
 
 def make_group(model_dir, **actor_changes) -> WorkerGroup:
-    actor = dataclasses.replace(make_group_actor(), **actor_changes)
+    actor = make_group_actor().model_copy(update=actor_changes)
     return WorkerGroup(ModelConfig(path=str(model_dir)), actor, with_ref=True, total_steps=10, use_ray=False)
 
 
@@ -49,7 +48,7 @@ def fresh_batch():
 
 
 def set_actor(group, **changes):
-    group.cfg = group.workers[0].cfg = dataclasses.replace(group.cfg, **changes)
+    group.cfg = group.workers[0].cfg = group.cfg.model_copy(update=changes)
 
 
 def test_fast_logprobs_equal_the_full_head_on_loss_tokens(groups):
@@ -128,7 +127,7 @@ def test_split_shared_prefixes_runs_each_prompt_once():
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_shared_prompt_prefix_gives_the_same_logprobs_and_gradient(tiny_model_dir, attn):
     shared, whole = (WorkerGroup(ModelConfig(path=str(tiny_model_dir), attn_implementation=attn),
-                                 dataclasses.replace(make_group_actor(), share_prompt_prefix=flag), with_ref=True,
+                                 make_group_actor().model_copy(update={"share_prompt_prefix": flag}), with_ref=True,
                                  total_steps=10, use_ray=False) for flag in (True, False))
     try:
         batch = grouped_batch()
@@ -158,11 +157,11 @@ def test_shared_prompt_prefix_is_off_where_it_cannot_work(tiny_model_dir):
     try:
         assert worker._shares_prefixes()
         for changes in ({"share_prompt_prefix": False}, {"fast_logprobs": False}):
-            worker.cfg = dataclasses.replace(worker.cfg, **changes)
+            worker.cfg = worker.cfg.model_copy(update=changes)
             assert not worker._shares_prefixes(), changes
-            worker.cfg = dataclasses.replace(worker.cfg, share_prompt_prefix=True, fast_logprobs=True)
+            worker.cfg = worker.cfg.model_copy(update={"share_prompt_prefix": True, "fast_logprobs": True})
         for changes in ({"attn_implementation": "flash_attention_2"}, {"gradient_checkpointing": True}):
-            saved, worker.model_cfg = worker.model_cfg, dataclasses.replace(worker.model_cfg, **changes)
+            saved, worker.model_cfg = worker.model_cfg, worker.model_cfg.model_copy(update=changes)
             assert not worker._shares_prefixes(), changes
             worker.model_cfg = saved
         config = worker.model.config

@@ -3,7 +3,6 @@ gradient, masked tokens get none, a non-finite gradient skips the step, checkpoi
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 
@@ -49,7 +48,7 @@ def batch(group):
 
 def with_budget(group, **changes):
     """Change actor knobs for the driver's planning and the in-process rank's loss."""
-    group.cfg = group.workers[0].cfg = dataclasses.replace(group.cfg, **changes)
+    group.cfg = group.workers[0].cfg = group.cfg.model_copy(update=changes)
 
 
 def test_logprobs_do_not_depend_on_padding_or_micro_batching(group, batch):
@@ -157,7 +156,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(group, batch, tiny_model
 
 def test_resume_with_more_total_steps_continues_on_the_longer_schedule(group, tiny_model_dir, tmp_path):
     # 3 cosine steps end at lr 0; resumed with total_steps=5 the 4th step uses the 5-step schedule's lr at step 3.
-    actor = dataclasses.replace(group.actor, lr=1e-3, lr_schedule="cosine", warmup_steps=0, min_lr_ratio=0.0)
+    actor = group.actor.model_copy(update=dict(lr=1e-3, lr_schedule="cosine", warmup_steps=0, min_lr_ratio=0.0))
     rng = random.Random(2)
     batch = sft_batch([([rng.randrange(3, 2000) for _ in range(12)], [0] * 4 + [1] * 8) for _ in range(2)], 0)
     model = ModelConfig(path=str(tiny_model_dir))
