@@ -10,21 +10,17 @@ RUN_DIR, SMOKE_RUN_DIR = "runs/quickstart", "runs/quickstart-smoke"
 
 
 def settings_from_args(args: argparse.Namespace):
-    """The resolved recipe of `agentrl quickstart ...`: the recipe, its variant for `--suites` (the folder of the
-    one suite named, if the recipe has one), `smoke/` for --smoke, then --set. Every error comes before any work."""
-    from agentrl.quickstart.recipe import RECIPE_DIR, QuickstartError, load_recipe, needs_sandbox
+    """The resolved recipe of `agentrl quickstart ...`: the recipe folder, the overlays of the run's suites and of
+    --smoke, then --set (`load_recipe`)."""
+    from agentrl.quickstart.recipe import RECIPE_DIR, QuickstartError, load_recipe
 
     suites = None
     if args.suites is not None:
         suites = [name.strip() for name in args.suites.split(",")]
         if not all(suites):
             raise QuickstartError(f"quickstart --suites {args.suites!r}: give comma-separated names, e.g. calc,lookup")
-    cfg = load_recipe(Path(args.recipe) if args.recipe else RECIPE_DIR, suites=suites, smoke=args.smoke,
-                      sets=args.set)
-    if needs_sandbox(cfg.data.suites) and args.no_sandbox:
-        raise QuickstartError("the code suite runs every python call and every unit test in the sandbox, and there is "
-                              "no local fallback: drop --no-sandbox")
-    return cfg
+    return load_recipe(Path(args.recipe) if args.recipe else RECIPE_DIR, suites=suites, smoke=args.smoke,
+                       sets=args.set)
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -2,8 +2,10 @@
 
 `quickstart.yaml` holds the quickstart's own settings (the model it builds, the data it generates, the
 evaluations); `sft.yaml` is an `SFTConfig` and `train.yaml` a `TrainConfig`, under the keys `sft` and `train`.
-A variant folder beside them (`code/`, `smoke/`) holds overlays of the same three files: a mapping merges into
-the recipe's key by key, any other value replaces it. `--set` takes the real dotted keys: `seed=1`,
+Variant folders beside them hold overlays of the same three files (a mapping merges into the recipe's key by
+key, any other value replaces it), applied in this order: `with-code/` for every run with the code suite,
+`code/` for a run on the code suite alone, `smoke/` for --smoke. The run's suites come from --suites, else
+--set data.suites, else quickstart.yaml. Then `--set` takes the real dotted keys: `seed=1`,
 `data.demos.calc=1000`, `sft.sft.max_steps=300`, `train.actor.lr=2e-4`.
 
 One rule reaches across the phases: `seed` fills `sft.sft.seed`, `train.data.seed`, `train.rollout.seed` and

@@ -125,7 +125,6 @@ def test_the_code_suite_alone_is_the_code_overlay_under_smoke_and_set():
     (["--suites", "code,code"], "choose distinct names"),
     (["--suites", "calc,"], "give comma-separated names"),
     (["--suites", "code", "--set", "data.suites=[calc]"], "give the suites once"),
-    (["--suites", "code", "--no-sandbox"], "no local fallback: drop --no-sandbox"),
     (["--set", "data.demos.lookp=3"], "data.demos.lookp=3: give a count of at least 1 for a suite among"),
     (["--set", "data.rl_tasks.lookup=0"], "data.rl_tasks.lookup=0: give a count of at least 1"),
     (["--set", "data.demos={calc: 3}"], "data.demos has no count for lookup: set e.g. data.demos.lookup=1000"),
@@ -242,11 +241,10 @@ def test_sft_model_to_reuse_must_be_a_model_directory(tmp_path):
     assert not (tmp_path / "q").exists()
 
 
-def test_code_without_a_sandbox_is_refused_by_the_driver_too(tmp_path):
-    from agentrl.quickstart.run import run_quickstart
-
-    with pytest.raises(QuickstartError, match="no local fallback"):
-        run_quickstart(settings("--suites", "code"), tmp_path / "q", with_sandbox=False)
+def test_code_without_a_sandbox_fails_before_any_work(tmp_path, capsys):
+    assert main(["quickstart", "--suites", "code", "--no-sandbox", "--run-dir", str(tmp_path / "q")]) == 2
+    assert "no local fallback: drop --no-sandbox" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
 
 
 def test_rl_tasks_and_demos_set_each_suites_share(tmp_path):
