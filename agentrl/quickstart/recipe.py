@@ -107,6 +107,11 @@ class QuickstartConfig:
         if not self.train.rollout.temperature > 0:
             raise ValueError(f"train.rollout.temperature={self.train.rollout.temperature:g}: must be > 0 (at 0 every "
                              "episode of a group is the same, so no group carries a GRPO signal); e.g. 0.7")
+        agent = self.train.agent
+        if agent.max_new_tokens_per_turn > agent.max_response_tokens:
+            raise ValueError(f"train.agent.max_new_tokens_per_turn ({agent.max_new_tokens_per_turn}) is more than the "
+                             f"whole response (train.agent.max_response_tokens={agent.max_response_tokens}): set it "
+                             f"to at most {agent.max_response_tokens}")
 
 
 def needs_sandbox(suites: list[str]) -> bool:

@@ -134,6 +134,7 @@ def test_the_code_suite_alone_is_the_code_overlay_under_smoke_and_set():
     (["--set", "data.calc_op_weights=[true, 1, 1]"], "data.calc_op_weights"),
     (["--set", "train.data.train_batch_size=6"], "multiple of actor.ppo_mini_batch_size"),
     (["--set", "train.rollout.temperature=0"], "temperature=0: must be > 0"),
+    (["--set", "train.agent.max_response_tokens=100"], "max_new_tokens_per_turn \\(128\\) is more than the whole"),
 ])
 def test_a_setting_that_cannot_be_used_fails_before_any_work(argv, match):
     with pytest.raises(QuickstartError, match=match):
