@@ -21,7 +21,7 @@ COMMAND_MODULES: list[str] = [
     "sandbox.cli",
     "agentrl.trainer.cli",
     "agentrl.trainer.export",
-    "agentrl.quickstart",
+    "agentrl.quickstart.cli",
     "agentrl.viewer.cli",
 ]
 

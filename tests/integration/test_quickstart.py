@@ -85,7 +85,7 @@ def test_code_smoke_quickstart_runs_code_only_in_the_sandbox(tmp_path):
     assert "(isolation: bwrap" in out or "(isolation: docker" in out
     assert "3 tools: calculator, lookup, python" in (run_dir / "logs" / "tools.log").read_text()
     report = (run_dir / "report.md").read_text()
-    assert '"suites": [\n  "code"\n ],' in report and "| tasks | 8 | 8 |" in report
+    assert "data:\n  suites:\n  - code\n" in report and "| tasks | 8 | 8 |" in report
     heldout = [json.loads(line) for line in (run_dir / "data" / "heldout" / "tasks.jsonl").read_text().splitlines()]
     assert {row["data_source"] for row in heldout} == {"code/heldout"}
     demos = [json.loads(line) for line in (run_dir / "data" / "sft.jsonl").read_text().splitlines()]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from agentrl import numerics
-from agentrl.quickstart import QuickstartSettings
+from agentrl.quickstart.recipe import load_recipe
 
 
 def test_pin_sets_only_unset_variables(monkeypatch):
@@ -57,7 +57,7 @@ def test_pinned_gemms_do_not_depend_on_the_thread_count():
 
 
 def test_the_quickstart_pins_by_default():
-    assert QuickstartSettings().pin_kernels is True
+    assert load_recipe().pin_kernels is True
 
 
 def test_host_cpu_names_the_model_cores_and_vector_unit(monkeypatch, tmp_path):
