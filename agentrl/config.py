@@ -133,6 +133,7 @@ class _Place:
         self.key, self.tp, self.parent = "", cls, cls
         self.mode: tuple[str, str, dict[str, type[BaseModel]]] | None = None  # (union key, chosen tag, modes)
         tp: Any = cls
+        key_tp = None  # the key annotation of the last mapping passed
         for part in loc:
             tp = _unwrap(tp)
             if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -145,7 +146,10 @@ class _Place:
                 tp = self.tp = (get_args(tp) or (Any,))[0]
             elif get_origin(tp) is dict and part != "[key]":
                 self.key += f".{part}"
-                tp = self.tp = (get_args(tp) or (Any, Any))[1]
+                key_tp, tp = get_args(tp) or (Any, Any)
+                self.tp = tp
+            elif part == "[key]" and key_tp is not None:  # the mapping's key itself was refused
+                tp = self.tp = key_tp
             elif _modes(tp) and part in _modes(tp):
                 self.mode = (self.key, part, _modes(tp))
                 tp = _modes(tp)[part]
@@ -255,9 +259,10 @@ def _merge(base: dict, path: list[str], value: Any) -> None:
 
 
 def load_config(cls: type[M], path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict | None = None) -> M:
-    """Build `cls` from a YAML file (or `data`) plus dotted overrides, validating every key and type."""
-    source = str(path) if path else "<defaults>"
+                data: dict | None = None, *, source: str | None = None) -> M:
+    """Build `cls` from a YAML file (or `data`, read from `source`) plus dotted overrides, validating every key
+    and type."""
+    source = str(path) if path else source or "<defaults>"
     raw: dict = {}
     if path is not None:
         p = Path(path)

@@ -15,13 +15,13 @@ One rule reaches across the phases: `seed` fills `sft.sft.seed`, `train.data.see
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import Field, model_validator
 
-from agentrl.config import ConfigError, load_config
+from agentrl.config import ConfigError, ConfigModel, load_config
 from agentrl.data.suites import SUITES
 from agentrl.data.suites.calc import check_op_weights
 from agentrl.errors import UserError
@@ -48,62 +48,58 @@ class QuickstartError(UserError):
     """A quickstart option, recipe file or --set value that cannot be used."""
 
 
-@dataclass
-class QuickstartModelConfig:
+SuiteName = Literal[SUITES]  # type: ignore[valid-type]
+
+
+class QuickstartModelConfig(ConfigModel):
     size: str = "tiny"  # `agentrl init-model --size`
-    init: str = "copy"  # `agentrl init-model --init`: random | copy
+    init: Literal["random", "copy"] = "copy"  # `agentrl init-model --init`
 
 
-@dataclass
-class QuickstartDataConfig:
-    suites: list[str] = field(default_factory=lambda: ["calc", "lookup"])
-    demos: dict[str, int] = field(default_factory=dict)  # SFT demonstrations per suite; every suite of the run
+class QuickstartDataConfig(ConfigModel):
+    suites: list[SuiteName] = Field(default_factory=lambda: ["calc", "lookup"], min_length=1)
+    demos: dict[SuiteName, int] = Field(default_factory=dict)  # SFT demonstrations per suite; every suite of the run
     calc_op_weights: list[float] | None = None  # shares of 1-, 2-, 3-operation calc demos; None: the split's
-    rl_tasks: dict[str, int] = field(default_factory=dict)  # GRPO tasks per suite; every suite of the run
+    rl_tasks: dict[SuiteName, int] = Field(default_factory=dict)  # GRPO tasks per suite; every suite of the run
     hard_rl_tasks: bool = True  # GRPO tasks from the train split's hard mix
-    heldout_per_suite: int = 200
+    heldout_per_suite: int = Field(200, ge=1)
     code_test_call: bool = True  # code demos call the python tool before answering
     code_comments: bool = False  # code demos restate each phrase of the task as a comment
 
-    def __post_init__(self) -> None:
-        if not self.suites or len(set(self.suites)) != len(self.suites) or set(self.suites) - set(SUITES):
+    @model_validator(mode="after")
+    def _counts_for_every_suite(self) -> "QuickstartDataConfig":
+        if len(set(self.suites)) != len(self.suites):
             raise ValueError(f"data.suites={self.suites}: choose distinct names among {', '.join(SUITES)}")
         for key, counts in (("demos", self.demos), ("rl_tasks", self.rl_tasks)):
             for suite, count in counts.items():
-                if suite not in SUITES or count < 1:
-                    raise ValueError(f"data.{key}.{suite}={count}: give a count of at least 1 for a suite among "
-                                     f"{', '.join(SUITES)}, e.g. data.{key}.{self.suites[-1]}=1000")
+                if count < 1:
+                    raise ValueError(f"data.{key}.{suite}={count}: give a count of at least 1, e.g. "
+                                     f"data.{key}.{suite}=1000")
             missing = [s for s in self.suites if s not in counts]
             if missing:
                 raise ValueError(f"data.{key} has no count for {', '.join(missing)}: set e.g. "
                                  f"data.{key}.{missing[0]}=1000")
-        if self.heldout_per_suite < 1:
-            raise ValueError(f"data.heldout_per_suite must be >= 1, got {self.heldout_per_suite}")
         if self.calc_op_weights is not None:  # the data generation checks them too; here they fail before any work
             check_op_weights(self.calc_op_weights)
+        return self
 
 
-@dataclass
-class QuickstartEvalConfig:
-    sampled_n: int = 4  # held-out samples per task at the rollouts' temperature; 0: greedy pass@1 only
-
-    def __post_init__(self) -> None:
-        if self.sampled_n < 0:
-            raise ValueError(f"eval.sampled_n must be >= 0, got {self.sampled_n}")
+class QuickstartEvalConfig(ConfigModel):
+    sampled_n: int = Field(4, ge=0)  # held-out samples per task at the rollouts' temperature; 0: greedy pass@1 only
 
 
-@dataclass
-class QuickstartConfig:
+class QuickstartConfig(ConfigModel):
     seed: int = 0  # initial weights, data, and every phase seed the files leave out
-    model: QuickstartModelConfig = field(default_factory=QuickstartModelConfig)
-    data: QuickstartDataConfig = field(default_factory=QuickstartDataConfig)
-    eval: QuickstartEvalConfig = field(default_factory=QuickstartEvalConfig)
+    model: QuickstartModelConfig = Field(default_factory=QuickstartModelConfig)
+    data: QuickstartDataConfig = Field(default_factory=QuickstartDataConfig)
+    eval: QuickstartEvalConfig = Field(default_factory=QuickstartEvalConfig)
     sft_model: str | None = None  # an SFT model of an earlier quickstart with the same seed: skip the SFT phase
     pin_kernels: bool = True  # AVX2 kernels for ATen and MKL (agentrl.numerics)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _grpo_can_learn(self) -> "QuickstartConfig":
         if not self.train.rollout.temperature > 0:
             raise ValueError(f"train.rollout.temperature={self.train.rollout.temperature:g}: must be > 0 (at 0 every "
                              "episode of a group is the same, so no group carries a GRPO signal); e.g. 0.7")
@@ -112,6 +108,7 @@ class QuickstartConfig:
             raise ValueError(f"train.agent.max_new_tokens_per_turn ({agent.max_new_tokens_per_turn}) is more than the "
                              f"whole response (train.agent.max_response_tokens={agent.max_response_tokens}): set it "
                              f"to at most {agent.max_response_tokens}")
+        return self
 
 
 def needs_sandbox(suites: list[str]) -> bool:
@@ -177,19 +174,20 @@ def load_recipe(recipe: Path = RECIPE_DIR, *, suites: list[str] | None = None, s
     source = str(recipe)
     try:
         tree = read_folder(recipe)
-        run_suites = load_config(QuickstartConfig, data=tree, overrides=overrides + given).data.suites
+        given_suites = load_config(QuickstartConfig, data=tree, overrides=overrides + given, source=source)
+        run_suites = given_suites.data.suites
         folders = variant_folders(recipe, run_suites, smoke)
         source = " + ".join([str(recipe), *(f.name for f in folders)])
         for folder in folders:
             tree = merge(tree, read_folder(folder))
         overrides += sets
-        seed = load_config(QuickstartConfig, data=tree, overrides=overrides).seed
+        seed = load_config(QuickstartConfig, data=tree, overrides=overrides, source=source).seed
         for key in SEED_KEYS:
             *parents, leaf = key.split(".")
             node = tree
             for part in parents:
                 node = node.setdefault(part, {})
             node.setdefault(leaf, seed)
-        return load_config(QuickstartConfig, data=tree, overrides=overrides)
+        return load_config(QuickstartConfig, data=tree, overrides=overrides, source=source)
     except ConfigError as e:
-        raise QuickstartError(f"quickstart recipe {source}: {e}") from None
+        raise QuickstartError(f"quickstart: {e}") from None
