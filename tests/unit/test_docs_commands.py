@@ -37,7 +37,7 @@ from helpers import REPO_ROOT
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")),
          *sorted((REPO_ROOT / "examples").glob("*/README.md"))]
-COPIED_DIRS = ("configs", "examples")  # what a page's commands may read; runs/ and data/ start empty
+COPIED_DIRS = ("configs", "examples", "recipes")  # what a page's commands may read; runs/ and data/ start empty
 OUTPUT_ROOTS = ("runs", "data")  # paths under these must be produced by an earlier command, never the checkout's
 
 # Commands that are only parsed, and why (prefix of the argv -> reason). Keep it short: everything cheap runs.
@@ -348,18 +348,28 @@ def declared_outputs(argv: list[str], ns) -> list[str]:
     return []
 
 
+def check_quickstart_recipe(ns) -> None:
+    """A documented quickstart's recipe resolves: its suites, overlays and every --set key are real."""
+    from agentrl.quickstart.cli import settings_from_args
+
+    settings_from_args(ns)
+
+
 def check_parsed_only(ws: Workspace, cmd: Command, argv: list[str]) -> None:
     ns = None
     if argv[0] == "agentrl":
         ns = parse(argv[1:])
         if argv[1] in ("train", "sft"):
             check_training_run(ws, argv)
+        if argv[1] == "quickstart":
+            check_quickstart_recipe(ns)
     elif argv[0] == "make":
         targets = re.findall(r"^([\w-]+):", (REPO_ROOT / "Makefile").read_text(), re.M)
         assert argv[1] in targets, f"the Makefile has no target {argv[1]!r}"
         make_args = [a.split("=", 1)[1] for a in argv[2:] if a.startswith("ARGS=")]
         if argv[1] == "quickstart" and make_args:  # the Makefile passes ARGS to agentrl quickstart
             ns = parse(["quickstart", *shlex.split(make_args[0])])
+            check_quickstart_recipe(ns)
     elif argv[0] == "bash":
         script = REPO_ROOT / argv[1]
         assert script.is_file(), f"{argv[1]} does not exist"
