@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 
-
 EXIT_USER = 2
 EXIT_INFRA = 3
 

@@ -18,8 +18,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sandbox.admission import Admission, Overloaded
-from sandbox.api import (CommandRunResult, check_files, CreateSessionRequest, CreateSessionResponse, RunCellRequest,
-                         RunCellResponse, RunCodeRequest, RunCodeResponse)
+from sandbox.api import (
+    CommandRunResult,
+    CreateSessionRequest,
+    CreateSessionResponse,
+    RunCellRequest,
+    RunCellResponse,
+    RunCodeRequest,
+    RunCodeResponse,
+    check_files,
+)
 from sandbox.backends.base import Backend, BackendError, ExecRequest, ExecResult, available_languages
 from sandbox.config import SandboxConfig
 from sandbox.sessions import SessionLimit, SessionManager, SessionNotFound

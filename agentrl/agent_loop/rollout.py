@@ -23,8 +23,8 @@ from pathlib import Path
 from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig
 from agentrl.agent_loop.rewards import RewardError, check_reward_specs, reward_failed, score_episode
 from agentrl.agent_loop.tool_agent import ToolAgentLoop
-from agentrl.types import FINISH_REASONS_EPISODE, Episode, SamplingParams, Task
 from agentrl.tools.errors import UnknownToolError
+from agentrl.types import FINISH_REASONS_EPISODE, Episode, SamplingParams, Task
 
 EPISODES_FILE = "episodes.jsonl"
 TRAIN_RECORDS_FILE = "train_records.jsonl"  # per trained episode: advantage, trainer logprobs

@@ -33,8 +33,14 @@ import json
 from typing import Any
 
 from agentrl.agent_loop.config import RewardConfig, load_custom_reward_function
-from agentrl.agent_loop.rewards import (RewardFn, RewardSpecError, answer_text, resolve_reward_fn, stdin_stdout,
-                                        unit_tests)
+from agentrl.agent_loop.rewards import (
+    RewardFn,
+    RewardSpecError,
+    answer_text,
+    resolve_reward_fn,
+    stdin_stdout,
+    unit_tests,
+)
 from agentrl.agent_loop.verl_scores import SCORERS, UNSUPPORTED_SOURCES, verl_scorer
 from agentrl.types import Episode, Task
 

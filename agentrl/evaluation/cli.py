@@ -163,8 +163,14 @@ def _check_rollout(args: argparse.Namespace, cfg, tasks: list, models: list[tupl
     import asyncio
 
     from agentrl.evaluation.run import default_tools, resolve_temperature
-    from agentrl.preflight import (TaskRows, check_model_dir, check_rewards, check_task_tools, raise_problems,
-                                   served_tools)
+    from agentrl.preflight import (
+        TaskRows,
+        check_model_dir,
+        check_rewards,
+        check_task_tools,
+        raise_problems,
+        served_tools,
+    )
 
     problems = [line for what, path in models for line in check_model_dir(str(path), what)]
     try:

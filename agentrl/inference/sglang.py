@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 
 from agentrl.inference.base import EngineError, PromptTooLongError
-from agentrl.retry import backoff_delay
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.wire import generation_from_wire, sampling_params_to_wire
+from agentrl.retry import backoff_delay
 from agentrl.types import Generation, SamplingParams
 
 _MAX_STICKY_SESSIONS = 100_000

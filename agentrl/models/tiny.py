@@ -81,6 +81,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, ini
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
     from agentrl.files import make_readable
 
     if size not in SIZES:
@@ -156,7 +157,15 @@ def build_tokenizer():
 def train_bpe():
     """Train the byte-level BPE `tokenizers.Tokenizer`; added tokens get the last ids, as in Qwen2."""
     from tokenizers import (
-        AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers,
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
     )
 
     tokenizer = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))

@@ -16,7 +16,6 @@ from typing import Any
 
 from agentrl.tools.errors import ToolSpecError
 
-
 SERVE_DESCRIPTION = """\
 Serve typed Python functions (or @tools) as an HTTP tool service. Each parameter needs a type hint: the
 hints and the Google-style docstring become the tool's JSON schema. It prints "tool service ready on URL"

@@ -32,6 +32,7 @@ from agentrl.trainer.batch import materialize, mini_batches, scatter_rows, split
 from agentrl.trainer.config import ActorConfig, ModelConfig
 from agentrl.trainer.fsdp import FSDPGroup, FSDPWorker, lr_factor, rank_threads, start_ray
 
+
 class PolicyWorker(FSDPWorker):
     """One FSDP2 rank of the policy. Use through `WorkerGroup` (which wraps it as a Ray actor when `use_ray`)."""
 

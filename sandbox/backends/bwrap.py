@@ -30,11 +30,18 @@ import time
 from pathlib import Path
 
 from sandbox import seccomp
-from sandbox.backends.base import (BackendError, ExecRequest, ExecResult, encode_request, python_argv, read_frame,
-                                   runner_payload)
+from sandbox.backends import nsutil
+from sandbox.backends.base import (
+    BackendError,
+    ExecRequest,
+    ExecResult,
+    encode_request,
+    python_argv,
+    read_frame,
+    runner_payload,
+)
 from sandbox.backends.hostview import HostView
 from sandbox.backends.session_proc import SessionProc
-from sandbox.backends import nsutil
 from sandbox.backends.zygote import Zygote, layout
 from sandbox.cgroups import Cgroup, CgroupError, CgroupPool, detect_version
 from sandbox.config import SandboxConfig, host_uids

@@ -21,8 +21,7 @@ import socket
 import struct
 import time
 
-from sandbox.backends.base import (BackendError, ExecRequest, ExecResult, encode_request, python_argv,
-                                   runner_payload)
+from sandbox.backends.base import BackendError, ExecRequest, ExecResult, encode_request, python_argv, runner_payload
 from sandbox.backends.bwrap import RUNNER_SRC, WORKDIR, sandbox_env
 from sandbox.config import SandboxConfig
 from sandbox.output import HeadTail

@@ -16,6 +16,7 @@ final one). The host enforces time and memory from outside; the program only get
 
 import os
 import sys
+
 # The backend prepends these definitions to this text (bwrap.py, zygote.py); declared here for readers and
 # linters, never imported: `__name__` is "__main__" wherever this runs.
 if __name__ == "<prelude>":

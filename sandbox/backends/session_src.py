@@ -11,6 +11,7 @@ printed.
 
 import os
 import sys
+
 # The backend prepends these definitions to this text (bwrap.py, zygote.py); declared here for readers and
 # linters, never imported: `__name__` is "__main__" wherever this runs.
 if __name__ == "<prelude>":

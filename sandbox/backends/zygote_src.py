@@ -28,6 +28,7 @@ the session's interpreter (session_src.py) as pid 2 instead of a program. Stdlib
 
 import os
 import sys
+
 # The backend prepends these definitions to this text (bwrap.py, zygote.py); declared here for readers and
 # linters, never imported: `__name__` is "__main__" wherever this runs.
 if __name__ == "<prelude>":
@@ -194,8 +195,8 @@ def _make_template(kernel, cfg):
 
 def _loopback_up():
     """`lo` up in the sandbox's network namespace (127.0.0.1 only; no other interface exists), as bwrap does."""
-    import fcntl
     import _socket
+    import fcntl
 
     sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
     try:
@@ -327,8 +328,8 @@ def _into_sandbox(kernel, cfg, fds, procs, session, host_uid):
 
 
 def _zygote_main():
-    import marshal
     import _signal
+    import marshal
 
     size = int.from_bytes(_read_exact(0, 4), "big")
     cfg = marshal.loads(_read_exact(0, size))  # written by the service at start (trusted)

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 import yaml
+from helpers import REPO_ROOT, free_port, service
 
 from agentrl.config import load_config
 from agentrl.trainer.config import TrainConfig
-from helpers import REPO_ROOT, free_port, service
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ import time
 
 import httpx
 import pytest
+from helpers import REPO_ROOT
 
 from agentrl.services import agentrl_command, stop_process_group
-from helpers import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

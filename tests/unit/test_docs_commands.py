@@ -30,10 +30,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import REPO_ROOT
 
 from agentrl.cli import build_parser, main
 from agentrl.services import agentrl_command, free_port, stop_process_group, wait_healthy
-from helpers import REPO_ROOT
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")),
          *sorted((REPO_ROOT / "examples").glob("*/README.md"))]

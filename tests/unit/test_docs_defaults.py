@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import REPO_ROOT
 
 from agentrl.agent_loop.config import AgentLoopConfig
 from agentrl.trainer.config import CriticConfig, KLControlConfig, RolloutCorrectionConfig
-from helpers import REPO_ROOT
 from sandbox.config import DEFAULT_HOST_UID_BASE, SandboxConfig
 
 

@@ -11,7 +11,7 @@ import yaml
 from agentrl.cli import build_parser, main
 from agentrl.config import load_config, to_dict
 from agentrl.quickstart.cli import SMOKE_RUN_DIR, settings_from_args
-from agentrl.quickstart.recipe import RECIPE_DIR, QuickstartConfig, QuickstartError, SEED_KEYS, merge, read_folder
+from agentrl.quickstart.recipe import RECIPE_DIR, SEED_KEYS, QuickstartConfig, QuickstartError, merge, read_folder
 from agentrl.quickstart.report import report_text, source_commit
 from agentrl.quickstart.run import filled, make_data
 from agentrl.trainer.config import TrainConfig

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 from helpers import free_port, sandbox_service
 

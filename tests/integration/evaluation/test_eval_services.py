@@ -96,10 +96,10 @@ def _bwrap_missing() -> str | None:
 
 
 async def test_code_suite_runs_python_and_unit_tests_in_the_sandbox(tiny_model_dir, tmp_path):
+    from helpers import free_port, service
     from transformers import AutoTokenizer
 
     from agentrl.agent_loop.config import RewardConfig
-    from helpers import free_port, service
 
     if _bwrap_missing():
         pytest.skip(_bwrap_missing())

@@ -8,12 +8,12 @@ import sys
 import httpx
 import pytest
 import torch
+from helpers import free_port, service
 
 from agentrl.inference import EngineConfig, PromptTooLongError
 from agentrl.inference.sglang import SGLangEngine
 from agentrl.trainer.algos import logprobs_from_logits
 from agentrl.types import SamplingParams
-from helpers import free_port, service
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from helpers import free_port, service
 from sandbox_testlib import SECRET, SERVICE_SETTINGS, bwrap_unavailable_reason
 

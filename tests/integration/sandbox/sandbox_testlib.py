@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
-
-import contextlib
 
 import httpx
 

@@ -8,9 +8,8 @@ import sys
 
 import httpx
 import pytest
-from sandbox_testlib import assert_benign, bwrap_unavailable_reason, run, sandbox_service
-
 from helpers import REPO_ROOT, free_port, service
+from sandbox_testlib import assert_benign, bwrap_unavailable_reason, run, sandbox_service
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from sandbox_testlib import bwrap_unavailable_reason
-
 from helpers import REPO_ROOT
+from sandbox_testlib import bwrap_unavailable_reason
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO_ROOT, free_port, service
 
 from agentrl.services import agentrl_command
-from helpers import REPO_ROOT, free_port, service
 
 pytestmark = pytest.mark.slow
 

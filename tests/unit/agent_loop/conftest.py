@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from scripted_engine import add, broken_service, echo, lookup, repeat, slow
 
 

@@ -166,8 +166,8 @@ def test_sft_demonstration_prompt_is_the_rollout_prompt(suite, tiny_tokenizer, t
     import asyncio
     import json
 
-    from agentrl.data.suites.demos import demo_tools, write_demos
     from agentrl.data.demos import load_demos, tokenize_demos
+    from agentrl.data.suites.demos import demo_tools, write_demos
 
     demos = tmp_path / "demos.jsonl"
     write_demos(suite, 2, demos, seed=3)

@@ -7,8 +7,15 @@ import hmac
 import pytest
 
 from agentrl.agent_loop import sandbox_harness as h
-from agentrl.agent_loop.code_tests import (REPORT_MARKER, TestSourceError, build_program, find_report,
-                                           normalise_output, report_from_summary, rewrite_tests)
+from agentrl.agent_loop.code_tests import (
+    REPORT_MARKER,
+    TestSourceError,
+    build_program,
+    find_report,
+    normalise_output,
+    report_from_summary,
+    rewrite_tests,
+)
 
 
 class AlwaysEqual:

@@ -3,8 +3,14 @@ from __future__ import annotations
 import pytest
 
 from agentrl.agent_loop.config import RewardConfig
-from agentrl.agent_loop.rewards import (RewardSpecError, check_reward_specs, compute_reward, extract_answer,
-                                        extract_code, parse_number)
+from agentrl.agent_loop.rewards import (
+    RewardSpecError,
+    check_reward_specs,
+    compute_reward,
+    extract_answer,
+    extract_code,
+    parse_number,
+)
 from agentrl.config import ConfigError
 from agentrl.types import Episode, Task
 

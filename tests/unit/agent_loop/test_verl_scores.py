@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.agent_loop.verl_scores import (gsm8k_extract, gsm8k_score, is_equiv, last_boxed_answer, math_dapo_score,
-                                            math_score, normalize_answer, normalize_final_answer, search_r1_score,
-                                            strip_string, verl_scorer)
+from agentrl.agent_loop.verl_scores import (
+    gsm8k_extract,
+    gsm8k_score,
+    is_equiv,
+    last_boxed_answer,
+    math_dapo_score,
+    math_score,
+    normalize_answer,
+    normalize_final_answer,
+    search_r1_score,
+    strip_string,
+    verl_scorer,
+)
 
 
 @pytest.mark.parametrize("solution,truth,expected", [

@@ -13,8 +13,16 @@ import pytest
 
 from agentrl.evaluation.metrics import summarize
 from agentrl.evaluation.plots import pass_at_k_curve, plot_pass_at_k
-from agentrl.evaluation.run import (EVAL_JSON, EVAL_MD, compare_markdown, default_ks, evaluate, load_eval,
-                                    resolve_temperature, suite_tasks)
+from agentrl.evaluation.run import (
+    EVAL_JSON,
+    EVAL_MD,
+    compare_markdown,
+    default_ks,
+    evaluate,
+    load_eval,
+    resolve_temperature,
+    suite_tasks,
+)
 from agentrl.inference.base import EngineError
 from agentrl.tools.builtin.calculator import result_value
 from agentrl.types import Episode, Generation, SamplingParams

@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 import torch
 
 from agentrl.inference.kv_batch import PaddedKVBatch

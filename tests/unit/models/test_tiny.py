@@ -11,7 +11,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from agentrl.cli import main
 from agentrl.models.tiny import (
-    CONTROL_TOKENS, MAX_POSITION_EMBEDDINGS, SIZES, SPECIAL_TOKENS, VOCAB_SIZE, build_tiny_model, count_parameters,
+    CONTROL_TOKENS,
+    MAX_POSITION_EMBEDDINGS,
+    SIZES,
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    build_tiny_model,
+    count_parameters,
 )
 
 TOOLS = [{"type": "function", "function": {

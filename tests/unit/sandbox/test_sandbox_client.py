@@ -5,8 +5,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sandbox.client import (SandboxClient, SandboxInfraError, SandboxRequestError, SessionNotFoundError,
-                            cell_to_text, run_result_to_text)
+from sandbox.client import (
+    SandboxClient,
+    SandboxInfraError,
+    SandboxRequestError,
+    SessionNotFoundError,
+    cell_to_text,
+    run_result_to_text,
+)
 
 FAILED = {"status": "Failed", "message": "exited with code 1", "compile_result": None,
           "run_result": {"status": "Finished", "execution_time": 0.01, "return_code": 1, "stdout": "",

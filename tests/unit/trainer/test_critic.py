@@ -4,7 +4,6 @@ policy's, and a checkpoint restores its weights and optimizer state bit for bit 
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from test_worker import ragged_episodes

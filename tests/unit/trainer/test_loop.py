@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agentrl.config import load_config
-from agentrl.trainer.config import TrainConfig
 from agentrl.errors import InfraFailureError
+from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.loop import TaskSampler, collect_episodes
 from agentrl.trainer.stops import InfraLimits, InfraWatch
 from agentrl.types import Episode, Task

@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from test_worker import ragged_episodes
 
 from agentrl.config import load_config
 from agentrl.inference import sampling
@@ -20,7 +21,6 @@ from agentrl.trainer.loop import reuses_old_logprobs
 from agentrl.trainer.weight_sync import SharedStateDict
 from agentrl.trainer.worker import WorkerGroup
 from agentrl.types import Episode, SamplingParams
-from test_worker import ragged_episodes
 
 ADVANTAGES = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1.0, -1.0]
 
