@@ -74,6 +74,11 @@ def _cpu_summary(cpu: dict[str, float], n_total: int, *, decimals: int) -> str:
             f"{per_request}; CPU-bound throughput ratio {ratios}")
 
 
+def _latency_columns(latencies: list[float], decimals: int) -> str:
+    """The p50 and p99 columns (ms) of a results row."""
+    return f"{percentile(latencies, .5) * 1e3:>7.{decimals}f} {percentile(latencies, .99) * 1e3:>7.{decimals}f}"
+
+
 async def _load(n: int, concurrency: int, one) -> tuple[float, list[float]]:
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
@@ -136,8 +141,8 @@ async def _bench(url: str, args: argparse.Namespace) -> int:
             bare_rps, _ = await _load(args.requests, conc, bare_with())
             cpu["bare"] += _own_children_cpu_s() - before
             n_total += args.requests
-            print(f"{conc:>4} | {iso_rps:>14.1f} {percentile(iso_lat, .5) * 1e3:>7.1f} {percentile(iso_lat, .99) * 1e3:>7.1f} | "
-                  f"{bare_s_rps:>16.1f} {percentile(bare_s_lat, .5) * 1e3:>7.1f} {percentile(bare_s_lat, .99) * 1e3:>7.1f} | "
+            print(f"{conc:>4} | {iso_rps:>14.1f} {_latency_columns(iso_lat, 1)} | "
+                  f"{bare_s_rps:>16.1f} {_latency_columns(bare_s_lat, 1)} | "
                   f"{iso_rps / bare_s_rps:>5.2f} | {bare_rps:>10.1f} {iso_rps / bare_rps:>5.2f}")
         if local:
             print(_cpu_summary(cpu, n_total, decimals=1))
@@ -245,8 +250,8 @@ async def _bench_cpp(url: str, args: argparse.Namespace) -> int:
             bare_rps, bare_lat = await _load(n, conc, bare)
             cpu["bare"] += _own_children_cpu_s() - before
             n_total += n
-            print(f"{conc:>4} | {iso_rps:>14.2f} {percentile(iso_lat, .5) * 1e3:>7.0f} {percentile(iso_lat, .99) * 1e3:>7.0f} | "
-                  f"{bare_rps:>10.2f} {percentile(bare_lat, .5) * 1e3:>7.0f} {percentile(bare_lat, .99) * 1e3:>7.0f} | "
+            print(f"{conc:>4} | {iso_rps:>14.2f} {_latency_columns(iso_lat, 0)} | "
+                  f"{bare_rps:>10.2f} {_latency_columns(bare_lat, 0)} | "
                   f"{iso_rps / bare_rps:>5.2f}")
         if local:
             print(_cpu_summary(cpu, n_total, decimals=0))

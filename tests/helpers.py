@@ -37,7 +37,8 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
 
 
 @contextlib.contextmanager
-def service(args: list[str], health_url: str, timeout: float = 60.0, env: dict | None = None) -> Iterator[subprocess.Popen]:
+def service(args: list[str], health_url: str, timeout: float = 60.0,
+            env: dict | None = None) -> Iterator[subprocess.Popen]:
     """Run `python -m ...`-style `args` as a subprocess in its own process group; kill the group on exit."""
     cmd = args if args[0] != "python" else [sys.executable, *args[1:]]
     with run_service(cmd, health_url, name=" ".join(args[:4]), env=env, cwd=REPO_ROOT, timeout_s=timeout) as proc:

@@ -1,12 +1,13 @@
 """Runs INSIDE the sandbox: the trusted harness that runs an answer's code, then its unit tests, and proves it.
 
-Stdlib only, no repo imports: `agentrl.agent_loop.code_tests` sends a one-line program that executes this
-file's text in a fresh namespace (builtins copied at that moment) and calls `main` with the answer's source. The reward on the host trusts one thing only: a
-report line authenticated with HMAC-SHA256 under a per-run nonce. The nonce reaches this process on stdin (never
-in the program text or a file), is read before the answer runs, and from then on lives only in the closure of an
-audit hook, which no Python object refers to. The hook writes the report once, when it is raised with a token
-object only the harness holds, and refuses the introspection that could reach the token, the harness's state or
-raw memory (frames, gc scans, tracing, ctypes/cffi, /proc, subprocesses, signals to other processes).
+Stdlib only, no repo imports: `agentrl.agent_loop.code_tests` sends a one-line program that executes this file's
+text in a fresh namespace (builtins copied at that moment) and calls `main` with the answer's source. The reward on
+the host trusts one thing only: a report line authenticated with HMAC-SHA256 under a per-run nonce. The nonce
+reaches this process on stdin (never in the program text or a file), is read before the answer runs, and from then
+on lives only in the closure of an audit hook, which no Python object refers to. The hook writes the report once,
+when it is raised with a token object only the harness holds, and refuses the introspection that could reach the
+token, the harness's state or raw memory (frames, gc scans, tracing, ctypes/cffi, /proc, subprocesses, signals to
+other processes).
 
 Why the rest is built the way it is:
 - the answer and the tests run in a worker thread: Python signal handlers (which receive the current frame)

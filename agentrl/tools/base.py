@@ -194,7 +194,8 @@ def _format_validation_error(tool_name: str, err: pydantic.ValidationError, para
     props = parameters.get("properties", {})
     required = set(parameters.get("required", []))
     expected = ", ".join(f"{n}: {_type_label(p)}{'' if n in required else ' (optional)'}" for n, p in props.items())
-    return f"Error: bad arguments for tool '{tool_name}': {'; '.join(problems)}. Expected: {expected or 'no arguments'}."
+    return (f"Error: bad arguments for tool '{tool_name}': {'; '.join(problems)}. "
+            f"Expected: {expected or 'no arguments'}.")
 
 
 @dataclass
@@ -265,7 +266,8 @@ class Tool:
             result = ToolResult.error(e.kind, f"Error: tool '{self.name}' failed for a reason outside the model's "
                                               f"control: {e}")
         except TimeoutError as e:
-            limit = f"did not finish within {self.timeout_s}s" if self.timeout_s else f"timed out ({e or 'TimeoutError'})"
+            limit = (f"did not finish within {self.timeout_s}s" if self.timeout_s
+                     else f"timed out ({e or 'TimeoutError'})")
             result = ToolResult.error("timeout", f"Error: tool '{self.name}' {limit}")
         except Exception as e:  # noqa: BLE001 - the tool boundary: the model reads what went wrong
             last = traceback.format_exception_only(type(e), e)[-1].strip()

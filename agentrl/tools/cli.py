@@ -101,7 +101,8 @@ def _list(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(row))
         else:
-            print(f"{row['tool']:<24} {row['service']:<24} {row['description'].splitlines()[0] if row['description'] else ''}")
+            summary = row["description"].splitlines()[0] if row["description"] else ""
+            print(f"{row['tool']:<24} {row['service']:<24} {summary}")
     return 0
 
 

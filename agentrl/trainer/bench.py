@@ -218,9 +218,10 @@ def _shared_prompt(args: argparse.Namespace, model_path: str, vocab: int) -> int
     finally:
         for group in groups.values():
             group.shutdown()
-    print(f"GRPO groups: {args.sequences} sequences in groups of {args.group_size} sharing a {args.shared_prompt}-token "
-          f"prompt, responses {args.min_len}-{args.max_len} tokens, {real_tokens} real tokens ({saved} of them prompt "
-          f"tokens a shared forward skips), {torch.get_num_threads()} thread(s), median of {args.repeats}")
+    print(f"GRPO groups: {args.sequences} sequences in groups of {args.group_size} sharing a "
+          f"{args.shared_prompt}-token prompt, responses {args.min_len}-{args.max_len} tokens, {real_tokens} real "
+          f"tokens ({saved} of them prompt tokens a shared forward skips), {torch.get_num_threads()} thread(s), "
+          f"median of {args.repeats}")
     print(f"{'side':<16}{'logprob pass s':>16}{'update s':>10}")
     med = {key: statistics.median(value) for key, value in times.items()}
     for name in sides:

@@ -77,7 +77,8 @@ def add_commands(subparsers) -> None:
                    help="run the checks done before training (model, data rows, rewards, tools, loggers) and exit")
     p.set_defaults(func=_train)
 
-    p = subparsers.add_parser("sft", help="supervised fine-tuning on tool-use transcripts (cold start), same masking as RL")
+    p = subparsers.add_parser("sft",
+                              help="supervised fine-tuning on tool-use transcripts (cold start), same masking as RL")
     p.add_argument("config", help="YAML file, e.g. configs/sft/tiny_cpu.yaml")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.max_steps=50 actor.lr=1e-3")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

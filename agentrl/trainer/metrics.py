@@ -1,9 +1,9 @@
 """Step metrics: pure functions from episodes / batch tensors to flat dicts, and the loggers that write them.
 
 Names are grouped by prefix: `reward/`, `episode/`, `tools/`, `adv/`, `actor/`, `critic/`, `drift/`,
-`rollout_corr/`, `timing/`, `perf/`, `data/`, `val/`. Every step writes one JSON line to `run_dir/metrics.jsonl`, one console line
-(`agentrl.trainer.console`), and optionally TensorBoard (`tensorboard` in trainer.loggers) and W&B (`wandb`)
-scalars.
+`rollout_corr/`, `timing/`, `perf/`, `data/`, `val/`. Every step writes one JSON line to `run_dir/metrics.jsonl`,
+one console line (`agentrl.trainer.console`), and optionally TensorBoard (`tensorboard` in trainer.loggers) and
+W&B (`wandb`) scalars.
 
 Each step appears once in every sink: a run resumed from step k first cuts the JSON-lines files after step k
 (`rewind_jsonl`), and TensorBoard hides its events after k (`purge_step`), so a reader sees what an

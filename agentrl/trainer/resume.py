@@ -9,10 +9,10 @@
 - resume from a checkpoint at step k (`auto`: the latest complete one in run_dir; or a checkpoint directory):
   the config must agree with the checkpoint's on every key of `FIXED_ON_RESUME`, else one `ResumeConfigError`
   names each key that differs; a config with a critic (`critic.enable`) needs a checkpoint that holds one,
-  written by as many critic ranks as `critic.world_size`. Then metrics.jsonl and episodes.jsonl are cut after step k, TensorBoard hides
-  its events after k, checkpoints after k (a continuation that is being replaced) are deleted, `final_model/`
-  and COMPLETE are removed, and the config is written to `config.resume-<k>.yaml`: config.yaml stays the config
-  of the first start. Every step then appears once, as an uninterrupted run writes it.
+  written by as many critic ranks as `critic.world_size`. Then metrics.jsonl and episodes.jsonl are cut after
+  step k, TensorBoard hides its events after k, checkpoints after k (a continuation that is being replaced) are
+  deleted, `final_model/` and COMPLETE are removed, and the config is written to `config.resume-<k>.yaml`:
+  config.yaml stays the config of the first start. Every step then appears once, as an uninterrupted run writes it.
 - fresh (`trainer.resume: never`, or `auto` with no checkpoint): an earlier run in run_dir is moved aside to
   `<run_dir>.old-N` and the run starts in an empty directory. A checkpoint outside run_dir starts run_dir the
   same way, at the checkpoint's step.

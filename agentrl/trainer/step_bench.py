@@ -161,8 +161,8 @@ def run_trl(model: Path, tasks: Path, out: Path, args) -> dict:
     except ImportError:
         raise SystemExit("--vs-trl needs TRL: `.venv/bin/pip install trl` (an optional extra: pip install "
                          "'agentrl[trl]')") from None
-    cmd = [sys.executable, "-m", "agentrl.trainer.bench_trl", str(model), str(tasks), str(out), str(args.warmup + args.steps), str(args.n),
-           str(args.prompts), str(args.max_new_tokens), str(args.seed)]
+    cmd = [sys.executable, "-m", "agentrl.trainer.bench_trl", str(model), str(tasks), str(out),
+           str(args.warmup + args.steps), str(args.n), str(args.prompts), str(args.max_new_tokens), str(args.seed)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TRL_RESULT ")), None)
     if proc.returncode != 0 or line is None:

@@ -10,7 +10,8 @@ TO_METERS = {"m": 1.0, "km": 1000.0, "mi": 1609.344, "ft": 0.3048}
 
 
 @tool
-def convert_length(value: float, from_unit: Literal["m", "km", "mi", "ft"], to_unit: Literal["m", "km", "mi", "ft"]) -> str:
+def convert_length(value: float, from_unit: Literal["m", "km", "mi", "ft"],
+                   to_unit: Literal["m", "km", "mi", "ft"]) -> str:
     """Convert a length between units.
 
     Args:

@@ -64,8 +64,8 @@ class DockerBackend:
 
     def info(self) -> dict:
         return {"backend": "docker", "isolation": "docker", "cgroup_version": None, "image": self.cfg.docker_image,
-                "warm_pool": self.cfg.warm_pool, "warm_sandboxes": self._ready.qsize(), "spawn_failures": self.spawn_failures,
-                "last_spawn_error": self.last_spawn_error}
+                "warm_pool": self.cfg.warm_pool, "warm_sandboxes": self._ready.qsize(),
+                "spawn_failures": self.spawn_failures, "last_spawn_error": self.last_spawn_error}
 
     def _create(self):
         from docker.types import Ulimit

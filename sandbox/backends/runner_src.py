@@ -2,16 +2,17 @@
 
 Started ahead of time as part of a warm sandbox, it forks the program's process at once (so no fork is on the
 request's path) and reports `ready`. The program process waits for one request frame on stdin (4-byte big-endian
-length + marshal, written by the host; the bytes after it are the program's stdin), writes the request's files and the program's source
-(`main.py`, `main.cpp`, ... in the work dir, as SandboxFusion runs a script file), tells this supervisor what to
-collect afterwards (length-prefixed marshal frames on the `meta` pipe, closed before any of the request's code
-runs: the supervisor parses nothing the program could have written), and runs the code: Python as a script in
-the already started interpreter, as `python main.py` runs it, ending through CPython's own SystemExit handling
-and shutdown (which is why a warm sandbox answers faster than a fresh `python3`, with the same semantics), C and C++ by compiling then exec, other
-languages by exec. The supervisor waits for it, writes an end marker on stdout/stderr (its nonce is made by the
-supervisor after the fork and reaches the host in the `ready` frame, so the program never holds it), reads `fetch_files`
-without following symlinks, and writes the result frames (JSON) to RESULT_FD (`compile` after a compile step, then the
-final one). The host enforces time and memory from outside; the program only gets the second layer of rlimits.
+length + marshal, written by the host; the bytes after it are the program's stdin), writes the request's files and
+the program's source (`main.py`, `main.cpp`, ... in the work dir, as SandboxFusion runs a script file), tells this
+supervisor what to collect afterwards (length-prefixed marshal frames on the `meta` pipe, closed before any of the
+request's code runs: the supervisor parses nothing the program could have written), and runs the code: Python as a
+script in the already started interpreter, as `python main.py` runs it, ending through CPython's own SystemExit
+handling and shutdown (which is why a warm sandbox answers faster than a fresh `python3`, with the same semantics),
+C and C++ by compiling then exec, other languages by exec. The supervisor waits for it, writes an end marker on
+stdout/stderr (its nonce is made by the supervisor after the fork and reaches the host in the `ready` frame, so the
+program never holds it), reads `fetch_files` without following symlinks, and writes the result frames (JSON) to
+RESULT_FD (`compile` after a compile step, then the final one). The host enforces time and memory from outside; the
+program only gets the second layer of rlimits.
 """
 
 import os

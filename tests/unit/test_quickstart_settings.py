@@ -80,8 +80,9 @@ def test_an_unknown_key_fails_before_any_work_naming_the_nearest(item, nearest, 
     assert not (tmp_path / "q").exists()
 
 
-@pytest.mark.parametrize("key,option", [("run_dir", "--run-dir"), ("tools_port", "--tools-port"), ("smoke", "--smoke"),
-                                        ("train.trainer.run_dir", "--run-dir"), ("sft.model.path", "the model it builds"),
+@pytest.mark.parametrize("key,option", [("run_dir", "--run-dir"), ("tools_port", "--tools-port"),
+                                        ("smoke", "--smoke"), ("train.trainer.run_dir", "--run-dir"),
+                                        ("sft.model.path", "the model it builds"),
                                         ("train.tools.services", "--tools-port"), ("suites", "--suites")])
 def test_keys_the_quickstart_fills_in_are_refused_in_set(key, option, capsys):
     assert main(["quickstart", "--set", f"{key}=1"]) == 2

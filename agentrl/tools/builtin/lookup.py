@@ -93,7 +93,8 @@ def format_fact(relation: str, value) -> str:
 def format_facts(entity: str, facts: dict) -> str:
     """One JSON object: {"entity": ..., relation: value, ...} (values are quoted as in a call's arguments, so a
     value copied into the next call or the answer is the same tokens)."""
-    return "{" + ", ".join(format_fact(relation, value) for relation, value in {"entity": entity, **facts}.items()) + "}"
+    fields = {"entity": entity, **facts}
+    return "{" + ", ".join(format_fact(relation, value) for relation, value in fields.items()) + "}"
 
 
 async def lookup_session(kb_path: str | None = None) -> KnowledgeBase:

@@ -57,7 +57,8 @@ HACKS = {
     "kill_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos._exit(0)",
     # a frame the supervisor would fail to unmarshal (SystemError), written to every fd: once an escape from
     # reward 0 to an infrastructure error (fd 5 was the runner's own pipe)
-    "forge_runner_frames": ("import marshal, os\ndef _g(a): pass\nb = bytearray(marshal.dumps({{'sigint': _g.__code__}}))\n"
+    "forge_runner_frames": ("import marshal, os\ndef _g(a): pass\n"
+                            "b = bytearray(marshal.dumps({{'sigint': _g.__code__}}))\n"
                             "i = b.index(0xe3)\nb[i + 5:i + 9] = (5).to_bytes(4, 'little')\n"
                             "for fd in range(3, 64):\n    try:\n        os.write(fd, len(b).to_bytes(4, 'big') + b)\n"
                             "    except OSError:\n        pass\ndef {f}(*a):\n    return -999"),
@@ -82,7 +83,8 @@ HACKS = {
     "settrace": ("import sys\ndef tr(frame, ev, arg):\n    frame.f_globals['__agentrl_cmp__'] = lambda *x: True\n"
                  "    return tr\nsys.settrace(tr)\ndef {f}(*a):\n    return -999"),
     "thread_race": ("import threading, os, time\ndef spam():\n    while True:\n"
-                    "        os.write(1, b'\\nAGENTRL-HARNESS-REPORT ' + b'1' * 64 + b' 00\\n')\n        time.sleep(0.001)\n"
+                    "        os.write(1, b'\\nAGENTRL-HARNESS-REPORT ' + b'1' * 64 + b' 00\\n')\n"
+                    "        time.sleep(0.001)\n"
                     "threading.Thread(target=spam, daemon=True).start()\ndef {f}(*a):\n    return -999"),
     "signal_handler": ("import signal\ndef h(sig, frame):\n    frame.f_globals['__agentrl_cmp__'] = lambda *x: True\n"
                        "signal.signal(signal.SIGALRM, h)\nsignal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)\n"

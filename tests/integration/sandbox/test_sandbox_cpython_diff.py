@@ -76,7 +76,8 @@ CORPUS = [
     P("no-trailing-newline", "import sys\nsys.stdout.write('partial')"),
     # under the test service's 64 KiB output cap
     P("large-stdout", "import sys\nsys.stdout.write('0123456789' * 6000)"),
-    P("interleaved-streams", "import sys\nfor i in range(5):\n    print('out', i)\n    print('err', i, file=sys.stderr)"),
+    P("interleaved-streams",
+      "import sys\nfor i in range(5):\n    print('out', i)\n    print('err', i, file=sys.stderr)"),
     P("stdout-replaced", "import io, sys\nsys.stdout = io.StringIO()\nprint('swallowed')"),
     P("stdout-closed", "import sys\nsys.stdout.close()\nprint('after close')"),
     P("os-write-and-print", "import os\nprint('buffered')\nos.write(1, b'direct\\n')"),

@@ -217,7 +217,8 @@ def test_a_session_frame_past_the_cap_restarts_the_session_only(http):
 def test_malformed_or_flooding_session_frames_restart_the_session(http, what):
     payload = {"not_json": "b'{nope'", "not_an_object": "b'[1, 2]'", "flood": "b'{\"id\": \"x\"}'"}[what]
     times = 10 if what == "flood" else 1
-    code = f"import os\ndata = {payload}\nfor _ in range({times}):\n    os.write(3, len(data).to_bytes(4, 'big') + data)"
+    code = (f"import os\ndata = {payload}\nfor _ in range({times}):\n"
+            "    os.write(3, len(data).to_bytes(4, 'big') + data)")
     with _session(http) as sid:
         body = http.post(f"/sessions/{sid}/run", json={"code": code}).json()
         assert body["status"] == "error" and body["exit_reason"] == "runner_fault", body
@@ -334,9 +335,11 @@ def test_a_sessions_orphans_are_reaped(http):
         for _ in range(2):  # 200 orphans against a pids limit of 64
             body = http.post(f"/sessions/{sid}/run", json={"code": orphans}).json()
             assert body["status"] == "ok", body
-        check_code = ("import os, time\nfor _ in range(50):\n    zombies = [p for p in os.listdir('/proc') if p.isdigit() "
-                      "and open(f'/proc/{p}/stat').read().split(') ')[1][0] == 'Z']\n    if not zombies:\n"
-                      "        break\n    time.sleep(0.1)\nprint(len(zombies), os.waitpid(os.fork() or os._exit(0), 0)[0] > 0)")
+        check_code = ("import os, time\nfor _ in range(50):\n"
+                      "    zombies = [p for p in os.listdir('/proc') if p.isdigit() "
+                      "and open(f'/proc/{p}/stat').read().split(') ')[1][0] == 'Z']\n"
+                      "    if not zombies:\n        break\n    time.sleep(0.1)\n"
+                      "print(len(zombies), os.waitpid(os.fork() or os._exit(0), 0)[0] > 0)")
         body = http.post(f"/sessions/{sid}/run", json={"code": check_code}).json()
         assert body["status"] == "ok" and body["stdout"] == "0 True\n", body
 

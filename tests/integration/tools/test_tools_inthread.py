@@ -54,8 +54,10 @@ async def test_lookup_kb_from_service_default_or_task_kwargs(tmp_path):
         assert httpx.get(f"{url}/health").json()["stateful_tools"] == ["lookup"]
         async with ToolRegistry.from_config({"services": [{"url": url}]}) as reg:
             async with reg.episode_session() as plain, reg.episode_session({"lookup": {"kb_path": task_kb}}) as own:
-                assert (await reg.call("lookup", {"entity": "lyon"}, session=plain)).content == '{"entity": "Lyon", "country": "France"}'
-                assert (await reg.call("lookup", {"entity": "kyoto"}, session=own)).content == '{"entity": "Kyoto", "country": "Japan"}'
+                lyon = await reg.call("lookup", {"entity": "lyon"}, session=plain)
+                assert lyon.content == '{"entity": "Lyon", "country": "France"}'
+                kyoto = await reg.call("lookup", {"entity": "kyoto"}, session=own)
+                assert kyoto.content == '{"entity": "Kyoto", "country": "Japan"}'
                 missing = await reg.call("lookup", {"entity": "lyon"}, session=own)
                 assert missing.error_kind == "tool_error"
             async with reg.episode_session({"lookup": {"kb_path": str(tmp_path / "nope.jsonl")}}) as broken:

@@ -56,6 +56,7 @@ async def test_unreachable_mcp_call_is_infra_error(mcp_url):
     from agentrl.tools import ToolServiceError
 
     dead = f"http://127.0.0.1:{free_port()}/mcp"
-    with pytest.raises(ToolServiceError, match=r"^MCP server 'dead' at http://\S+/mcp is unreachable .*fix services\[0\]\.url"):
+    with pytest.raises(ToolServiceError,
+                       match=r"^MCP server 'dead' at http://\S+/mcp is unreachable .*fix services\[0\]\.url"):
         await ToolRegistry.from_config({"services": [{"url": dead, "kind": "mcp", "name": "dead",
                                                       "connect_timeout_s": 2, "timeout_s": 2}]}).start()

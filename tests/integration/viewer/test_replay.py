@@ -43,7 +43,8 @@ async def test_replay_names_the_first_divergence(recorded_run):
     k = next(i for i, (m, t) in enumerate(zip(row["response_mask"], row["turn_ids"])) if m and t == 1)
     row = json.loads(json.dumps(row))
     row["response_ids"][k] = (row["response_ids"][k] + 1) % 1000
-    engine = LocalEngine.from_pretrained(model_dir, EngineConfig(max_model_len=row["replay"]["engine"]["max_model_len"]))
+    max_model_len = row["replay"]["engine"]["max_model_len"]
+    engine = LocalEngine.from_pretrained(model_dir, EngineConfig(max_model_len=max_model_len))
     try:
         result = await replay_episode(row, engine, engine.tokenizer)
     finally:

@@ -17,7 +17,8 @@ DROPS_PAST_THINKING = """
 {%- if not loop.last and '</think>' in c -%}{%- set c = c.split('</think>')[-1] -%}{%- endif -%}
 {{- '<|im_start|>assistant\\n' + c -}}
 {%- for tc in m.tool_calls or [] -%}
-{{- '\\n<tool_call>\\n{"name": "' + tc.function.name + '", "arguments": ' + (tc.function.arguments | tojson) + '}\\n</tool_call>' -}}
+{{- '\\n<tool_call>\\n{"name": "' + tc.function.name + '", "arguments": '
+    + (tc.function.arguments | tojson) + '}\\n</tool_call>' -}}
 {%- endfor -%}
 {{- '<|im_end|>\\n' -}}
 {%- elif m.role == 'tool' -%}

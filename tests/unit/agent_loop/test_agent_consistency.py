@@ -135,7 +135,8 @@ async def test_thinking_and_calls_written_while_thinking_are_consistent(tokenize
 # output that broke tests/integration/agent_loop/test_agent_loop_e2e.py: an extra "\n" before </tool_call>, so at
 # that position the episode held "\n" where re-rendering the transcript gave </tool_call>.
 NONCANONICAL_TURNS = {
-    "extra_newline_before_close": 'Checking.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n\n</tool_call>',
+    "extra_newline_before_close":
+        'Checking.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n\n</tool_call>',
     "compact_json": 'Checking.\n<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>',
     "arguments_first": 'Checking.\n<tool_call>\n{"arguments": {"a": 1, "b": 2}, "name": "add"}\n</tool_call>',
     "text_after_call": 'Checking.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> Done?',

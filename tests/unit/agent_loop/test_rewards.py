@@ -34,7 +34,8 @@ def task(**reward) -> Task:
     ("<answer>b</answer>", ["a", "B"], 1.0),
 ])
 async def test_exact_match(final, truth, expected):
-    assert await compute_reward(task(type="exact_match", ground_truth=truth), episode(final), RewardConfig()) == expected
+    reward = await compute_reward(task(type="exact_match", ground_truth=truth), episode(final), RewardConfig())
+    assert reward == expected
 
 
 async def test_exact_match_case_sensitive_and_answer_modes():

@@ -55,7 +55,8 @@ async def test_groups_order_rewards_concurrency_and_dump(tiny_tokenizer, registr
     assert len({c.session_id for c in engine.calls}) == 12  # one engine session per episode
 
     rows = read_episodes(tmp_path / "episodes.jsonl")
-    assert len(rows) == 12 and {r["step"] for r in rows} == {5} and [r["sample_index"] for r in rows[:4]] == [0, 1, 2, 3]
+    assert len(rows) == 12 and {r["step"] for r in rows} == {5}
+    assert [r["sample_index"] for r in rows[:4]] == [0, 1, 2, 3]
     again = Episode.from_dict({k: v for k, v in rows[0].items() if k not in ("step", "sample_index")})
     assert again.response_ids == episodes[0].response_ids and again.tool_calls == episodes[0].tool_calls
     assert again.response_logprobs == episodes[0].response_logprobs

@@ -150,7 +150,8 @@ def test_compile_failure_mapping():
     tle = dict(comp, status="TimeLimitExceeded", return_code=None)
     slow = to_response(ExecResult(status="Finished", return_code=0, exit_reason="timeout", compile=tle, ran=False))
     assert slow.status == "Failed" and slow.message == "compile time limit exceeded" and slow.run_result is None
-    ok = to_response(ExecResult(status="Finished", return_code=0, exit_reason="exit", compile=dict(comp, return_code=0)))
+    compiled = dict(comp, return_code=0)
+    ok = to_response(ExecResult(status="Finished", return_code=0, exit_reason="exit", compile=compiled))
     assert ok.status == "Success" and ok.compile_result.status == "Finished" and ok.run_result.return_code == 0
 
 

@@ -130,7 +130,8 @@ async def test_from_config_builtin_and_functions(tmp_path):
     await reg.start()
     assert reg.names() == ["calculator", "lookup", "plain"]
     async with reg.episode_session() as s:
-        assert (await reg.call("lookup", {"entity": "paris"}, session=s)).content == '{"entity": "Paris", "country": "France"}'
+        paris = await reg.call("lookup", {"entity": "paris"}, session=s)
+        assert paris.content == '{"entity": "Paris", "country": "France"}'
     await reg.aclose()
 
 

@@ -20,7 +20,8 @@ def test_misspelled_key_names_the_nearest_valid_one(capsys):
 
 
 def test_overrides_and_flags_in_any_order(capsys):
-    assert main(["train", "configs/calc_tiny_cpu.yaml", "--print-config", "trainer.total_steps=3", "actor.lr=2e-5"]) == 0
+    assert main(["train", "configs/calc_tiny_cpu.yaml", "--print-config", "trainer.total_steps=3",
+                 "actor.lr=2e-5"]) == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["trainer"]["total_steps"] == 3 and cfg["actor"]["lr"] == 2e-5
 

@@ -67,7 +67,8 @@ def test_rollout_correction_puts_weights_in_the_batch_and_rejects_from_the_mask(
     assert tensors["rollout_is_weights"][1, 2:4].tolist() == pytest.approx([2.0, 1.0])  # truncated at 2
     assert tensors["rollout_is_weights"][:, :2].abs().sum() == 0  # prompt tokens get no weight
     assert stats["rollout_corr/corrected_frac"] == pytest.approx(0.25)
-    reject = cfg("algorithm.rollout_correction.rejection.level=sequence", "algorithm.rollout_correction.rejection.lower=0.5",
+    reject = cfg("algorithm.rollout_correction.rejection.level=sequence",
+                 "algorithm.rollout_correction.rejection.lower=0.5",
                  "algorithm.rollout_correction.rejection.upper=2.0")
     tensors, stats = rollout_correction(batch, reject.algorithm.rollout_correction)
     assert list(tensors) == ["loss_mask"] and tensors["loss_mask"].sum(1).tolist() == [2, 0]

@@ -66,7 +66,8 @@ def test_gspo_uses_the_length_normalised_sequence_ratio_and_its_gradient():
     old = t([[-1.0, -2.0, -0.5, 0.0]])
     logp = t([[-0.9, -2.1, -0.3, 5.0]]).requires_grad_()
     mask = t([[1, 1, 1, 0]])
-    loss, metrics = policy_loss_gspo(x(logp, old, t([2.0]), mask, agg_mode="seq-mean-token-mean"), GspoOptions(0.2, 0.2))
+    loss, metrics = policy_loss_gspo(x(logp, old, t([2.0]), mask, agg_mode="seq-mean-token-mean"),
+                                     GspoOptions(0.2, 0.2))
     s = math.exp((0.1 - 0.1 + 0.2) / 3)
     assert loss.item() == pytest.approx(-2.0 * s)  # seq-mean-token-mean of -A * s over 3 tokens
     loss.backward()
@@ -75,7 +76,8 @@ def test_gspo_uses_the_length_normalised_sequence_ratio_and_its_gradient():
     assert metrics["pg_clipfrac_lower"].item() == 0.0
     # outside the clip range the clipped branch has no gradient
     logp2 = t([[0.0, 0.0, 0.0, 0.0]]).requires_grad_()
-    loss2, m2 = policy_loss_gspo(x(logp2, t([[-0.3, -0.3, -0.3, 0.0]]), t([1.0]), mask, agg_mode="seq-mean-token-mean"), GspoOptions())
+    old2 = t([[-0.3, -0.3, -0.3, 0.0]])
+    loss2, m2 = policy_loss_gspo(x(logp2, old2, t([1.0]), mask, agg_mode="seq-mean-token-mean"), GspoOptions())
     loss2.backward()
     assert loss2.item() == pytest.approx(-(1 + 4e-4)) and (logp2.grad == 0).all() and m2["pg_clipfrac"].item() == 1
 
@@ -90,7 +92,8 @@ def test_gspo_agg_modes_match_vanilla_for_single_token_sequences():
 
 def test_cispo_keeps_a_gradient_on_clipped_tokens():
     logp = t([[-0.5, -1.0]]).requires_grad_()
-    loss, _ = policy_loss_cispo(x(logp, t([[-1.5, -1.0]]), t([1.0]), torch.ones(1, 2, dtype=F64)), CispoOptions(0.2, 0.2))
+    loss, _ = policy_loss_cispo(x(logp, t([[-1.5, -1.0]]), t([1.0]), torch.ones(1, 2, dtype=F64)),
+                                CispoOptions(0.2, 0.2))
     loss.backward()
     # weights sg(clip(e^1, 0.8, 1.2)) = 1.2 and 1.0; token-mean over 2 tokens: d/dlogp = -w * A / 2
     assert torch.allclose(logp.grad, t([[-0.6, -0.5]]))

@@ -71,7 +71,8 @@ def test_sft_fits_demonstrations_and_saves_a_loadable_model(tiny_model_dir, tmp_
         f"model.path={tiny_model_dir}", f"data.train_files=[{p}]", "sft.epochs=8", "sft.batch_size=4",
         f"sft.run_dir={tmp_path / 'run'}", "actor.warmup_steps=0", "actor.lr=0.01", "sft.log_freq=100"])
     result = run_sft(cfg)
-    losses = [json.loads(line)["sft_loss"] for line in (tmp_path / "run" / "sft_metrics.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "run" / "sft_metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["sft_loss"] for line in lines]
     assert len(losses) == 8
     assert losses[-1] < 0.5 * losses[0]
     model = AutoModelForCausalLM.from_pretrained(result["output_dir"])
