@@ -6,12 +6,12 @@ from typing import Literal
 from agentrl.tools import ToolError, tool
 from agentrl.tools.service import serve
 
+Unit = Literal["m", "km", "mi", "ft"]
 TO_METERS = {"m": 1.0, "km": 1000.0, "mi": 1609.344, "ft": 0.3048}
 
 
 @tool
-def convert_length(value: float, from_unit: Literal["m", "km", "mi", "ft"],
-                   to_unit: Literal["m", "km", "mi", "ft"]) -> str:
+def convert_length(value: float, from_unit: Unit, to_unit: Unit) -> str:
     """Convert a length between units.
 
     Args:
