@@ -17,6 +17,7 @@ from agentrl.inference import EngineConfig
 from agentrl.inference.local import LocalEngine
 from agentrl.trainer.algos import logprobs_from_logits
 from agentrl.types import SamplingParams
+from helpers import forcing_weights
 
 PROMPT = [17, 402, 96, 1203, 58, 77, 311, 940, 12, 2047, 33]
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
@@ -27,30 +28,6 @@ def engine(tiny_model_dir):
     eng = LocalEngine.from_pretrained(tiny_model_dir, EngineConfig(max_batch_size=4, max_model_len=256))
     yield eng
     eng.close_sync()
-
-
-def _forcing_weights(model, avoid: set[int]) -> tuple[dict[str, torch.Tensor], int]:
-    """New weights under which greedy decoding emits one known id F after any context, and F.
-
-    The last layer's attention gets zero value weights and a value bias, so it adds the same vector (1000 * u)
-    to every position's residual; after the final norm the logits are ~ E (w * u) for the (tied) embedding E and
-    norm weight w, whose argmax F does not depend on the context.
-    """
-    sd = {k: v.clone() for k, v in model.state_dict().items()}
-    last = f"model.layers.{model.config.num_hidden_layers - 1}.self_attn"
-    emb, norm = sd["model.embed_tokens.weight"], sd["model.norm.weight"]
-    gen = torch.Generator().manual_seed(1)
-    while True:
-        u = torch.randn(emb.shape[1], generator=gen)
-        forced = int((emb @ (norm * u)).argmax())
-        if forced not in avoid:
-            break
-    sd[f"{last}.v_proj.weight"].zero_()
-    sd[f"{last}.v_proj.bias"].zero_()
-    sd[f"{last}.v_proj.bias"][0] = 1.0
-    sd[f"{last}.o_proj.weight"].zero_()
-    sd[f"{last}.o_proj.weight"][:, 0] = 1000.0 * u
-    return sd, forced
 
 
 def _update_after_step(engine: LocalEngine, step: int, **update) -> None:
@@ -75,7 +52,7 @@ def _direct_logprobs(model, prompt: list[int], out: list[int]) -> torch.Tensor:
 async def test_each_token_carries_the_version_that_sampled_it(engine):
     before = await engine.generate(PROMPT, GREEDY)
     assert before.weight_versions == [0] * 12
-    forcing, forced = _forcing_weights(engine.model, set(before.token_ids))
+    forcing, forced = forcing_weights(engine.model, set(before.token_ids))
     _update_after_step(engine, 3, weights=forcing)
 
     g = await engine.generate(PROMPT, GREEDY)
@@ -110,7 +87,7 @@ async def test_abort_mode_returns_the_tokens_so_far_and_waiting_requests_start_o
     eng = LocalEngine.from_pretrained(tiny_model_dir, EngineConfig(max_batch_size=1, max_model_len=256))
     try:
         before = await eng.generate(PROMPT, GREEDY)
-        forcing, forced = _forcing_weights(eng.model, set(before.token_ids))
+        forcing, forced = forcing_weights(eng.model, set(before.token_ids))
         _update_after_step(eng, 3, weights=forcing, on_running="abort")
 
         # one slot: the second request waits in the queue while the first decodes
@@ -129,7 +106,7 @@ async def test_continue_mode_keeps_the_queue_order_with_one_slot(tiny_model_dir)
     eng = LocalEngine.from_pretrained(tiny_model_dir, EngineConfig(max_batch_size=1, max_model_len=256))
     try:
         before = await eng.generate(PROMPT, GREEDY)
-        forcing, forced = _forcing_weights(eng.model, set(before.token_ids))
+        forcing, forced = forcing_weights(eng.model, set(before.token_ids))
         _update_after_step(eng, 2, weights=forcing)
         running, waiting = await asyncio.gather(eng.generate(PROMPT, GREEDY), eng.generate(PROMPT[:6], GREEDY))
         assert running.token_ids == before.token_ids[:3] + [forced] * 9
@@ -141,7 +118,7 @@ async def test_continue_mode_keeps_the_queue_order_with_one_slot(tiny_model_dir)
 
 async def test_pause_holds_new_requests_and_abort_pause_returns_partial_output(engine):
     before = await engine.generate(PROMPT, GREEDY)
-    forcing, forced = _forcing_weights(engine.model, set(before.token_ids))
+    forcing, forced = forcing_weights(engine.model, set(before.token_ids))
 
     target = engine.stats["steps"] + 2
 
