@@ -1,4 +1,6 @@
-"""SGLang's pause/continue protocol and weight version labels, end to end on `agentrl engine serve` (loopback)."""
+"""Partial rollouts over SGLang's pause/continue protocol, end to end: `agentrl engine serve` on loopback and
+`SGLangEngine`. A long generation is paused (abort), the weights are updated with a new version label, generation
+continues, and the client's one Generation carries, per token, the version that sampled it."""
 
 from __future__ import annotations
 
@@ -9,11 +11,16 @@ import httpx
 import pytest
 import torch
 
+from agentrl.inference import EngineConfig
+from agentrl.inference.sglang import SGLangEngine
+from agentrl.trainer.algos import logprobs_from_logits
+from agentrl.types import SamplingParams
 from helpers import forcing_weights, free_port, service
 
 pytestmark = pytest.mark.slow
 
 PROMPT = [17, 402, 96, 1203, 58, 77, 311, 940, 12, 2047, 33]
+LONG = SamplingParams(max_new_tokens=1500, temperature=0, ignore_eos=True)
 
 
 @pytest.fixture
@@ -38,6 +45,38 @@ async def _until(http: httpx.AsyncClient, key: str, n: int) -> None:
     num_waiting: queued requests) reaches `n`."""
     while (await http.get("/get_server_info")).json()[key] < n:
         await asyncio.sleep(0.005)
+
+
+async def test_a_generation_paused_for_an_update_resumes_on_the_new_weights(server, model, tmp_path):
+    eng = SGLangEngine([server], EngineConfig(backend="sglang", urls=[server], health_timeout_s=30))
+    reference = await eng.generate(PROMPT, SamplingParams(max_new_tokens=64, temperature=0, ignore_eos=True))
+    assert reference.weight_versions == [0] * 64  # "default": the weights the server started with
+    forcing, forced = forcing_weights(model, set(reference.token_ids))
+    model.load_state_dict(forcing)
+    model.save_pretrained(tmp_path / "step7")
+
+    async with httpx.AsyncClient(base_url=server, timeout=60) as http:
+        task = asyncio.ensure_future(eng.generate(PROMPT, LONG))
+        await _until(http, "num_running", 1)
+        await eng.pause_generation("abort")
+        await eng.update_weights(tmp_path / "step7", weight_version="7")
+        assert not task.done()  # the aborted part waits for continue_generation
+        await eng.continue_generation()
+        g = await task
+        info = (await http.get("/get_model_info")).json()
+
+    assert info["weight_version"] == "7"
+    assert g.finish_reason == "length" and len(g.token_ids) == len(g.weight_versions) == 1500
+    split = g.weight_versions.count(0)
+    assert 1 <= split < 1500 and g.weight_versions == [0] * split + [7] * (1500 - split)
+    assert g.metrics["resumed_after_pause"] == 1 and g.metrics["weight_version"] == "7"
+    assert g.token_ids[:min(split, 64)] == reference.token_ids[:min(split, 64)]  # old weights' greedy output
+    assert g.token_ids[split:] == [forced] * (1500 - split)  # the new weights', from the first token after
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + g.token_ids])).logits[0, len(PROMPT) - 1:-1]
+    new_lp = logprobs_from_logits(logits, torch.tensor(g.token_ids), temperature=1.0)
+    assert (torch.tensor(g.logprobs[split:]) - new_lp[split:]).abs().max().item() < 1e-4
+    await eng.close()
 
 
 async def test_requests_wait_while_paused_and_report_per_token_labels(server, model, tmp_path):
