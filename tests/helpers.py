@@ -62,3 +62,30 @@ def sandbox_service(*settings: str) -> Iterator[str]:
         args += ["--set", item]
     with service(args, f"{url}/v1/ping"):
         yield url
+
+
+def forcing_weights(model, avoid: set[int]) -> tuple[dict, int]:
+    """New weights for a tiny Qwen2 `model` under which greedy decoding emits one known id F after any context,
+    and F (never an id of `avoid`, e.g. the old model's greedy output).
+
+    The last layer's attention gets zero value weights and a value bias, so it adds the same vector (1000 * u) to
+    every position's residual; after the final norm the logits are ~ E (w * u) for the (tied) embedding E and norm
+    weight w, whose argmax F does not depend on the context.
+    """
+    import torch
+
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    last = f"model.layers.{model.config.num_hidden_layers - 1}.self_attn"
+    emb, norm = sd["model.embed_tokens.weight"], sd["model.norm.weight"]
+    gen = torch.Generator().manual_seed(1)
+    while True:
+        u = torch.randn(emb.shape[1], generator=gen)
+        forced = int((emb @ (norm * u)).argmax())
+        if forced not in avoid:
+            break
+    sd[f"{last}.v_proj.weight"].zero_()
+    sd[f"{last}.v_proj.bias"].zero_()
+    sd[f"{last}.v_proj.bias"][0] = 1.0
+    sd[f"{last}.o_proj.weight"].zero_()
+    sd[f"{last}.o_proj.weight"][:, 0] = 1000.0 * u
+    return sd, forced

@@ -43,8 +43,9 @@ class Engine(Protocol):
                        session_id: str | None = None) -> Generation:
         """Continue `input_ids` under `params`.
 
-        Returns the sampled ids (including the stop token that ended the turn), one logprob per id and
-        `finish_reason` in {"stop", "length", "abort"}. `session_id` (e.g. the episode id) lets multi-server
+        Returns the sampled ids (including the stop token that ended the turn), one logprob per id, the weight
+        version that sampled each id where the engine can tell (`weight_versions`) and `finish_reason` in
+        {"stop", "length", "abort"}. `session_id` (e.g. the episode id) lets multi-server
         engines send every turn of an episode to the same server so its prefix cache is reused.
         Raises `PromptTooLongError` when the prompt does not fit and `EngineError` for infrastructure faults.
         """

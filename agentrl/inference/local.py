@@ -16,8 +16,12 @@ One decode thread (off the event loop, so tool calls keep being serviced while t
 3. finished rows (stop token, EOS, stop string, max_new_tokens, context full) leave the batch and their futures
    are resolved, one event-loop wake-up per step.
 
-Weight updates take the same lock as a scheduler step, so they land between steps: a request may finish on new
-weights, but no step mixes weights. `weight_version` is reported in `Generation.metrics`.
+Weight updates take the same lock as a scheduler step, so they land between steps and no step mixes weights.
+Every sampled token records the version that sampled it (`Generation.weight_versions`). Rows in flight at an
+update either continue (`on_running="continue"`: each is retracted, its prompt + tokens so far re-prefilled under
+the new weights, so no token is ever sampled over KV of the old weights) or finish with "abort"
+(`on_running="abort"`: the caller restarts the turn). `pause()` / `resume()` hold the scheduler between steps
+(`agentrl engine serve`'s `/pause_generation`); requests submitted meanwhile wait.
 
 Memory: the decode batch's KV cache is at most `max_batch_size x max_model_len` token slots; waiting requests
 hold only their prompt ids (at most `max_queued_requests` of them); finished turns of a `session_id` keep their
@@ -35,7 +39,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 
@@ -66,6 +70,7 @@ class _Request:
     t_submit: float
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
+    out_versions: list[int] = field(default_factory=list)  # the weight version that sampled each out_ids entry
     aborted: bool = False
     t_start: float = 0.0
     weight_version_start: int = 0
@@ -74,6 +79,11 @@ class _Request:
     finished: bool = False
     session_id: str | None = None
     cached_tokens: int = 0
+
+    def context(self) -> list[int]:
+        """What the next prefill of this request covers: the prompt, plus the tokens sampled so far when a
+        weight update retracted it (the last of them is fed to the next decode step, as for any running row)."""
+        return self.prompt + self.out_ids if self.out_ids else self.prompt
 
 
 @dataclass
@@ -134,13 +144,18 @@ class LocalEngine:
         self._finished: list[tuple[_Request, Generation]] = []  # resolved after each step (_post_finished)
         self._by_id: dict[str, _Request] = {}
         self._closed = False
+        self._paused = False
+        self._aborts_pending = False  # abort()/abort_all() flagged requests that the next step must finish
+        # Called on the decode thread after every scheduler step, outside the step lock (so it may itself call
+        # update_weights_sync or pause): tests place weight updates between known decode steps with it.
+        self.step_hook: Callable[[LocalEngine], None] | None = None
         self._batch = PaddedKVBatch(self.max_model_len, self.config.max_batch_size)
         # a ready-made 4D mask skips transformers' mask construction each step; SDPA takes bool masks
         self._mask_4d = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self._prefix = SessionPrefixCache(self.config.prefix_cache_tokens)
         self._shared = SharedPrefixCache(self.config.shared_prefix_cache_tokens)
         self.stats = {"steps": 0, "prefills": 0, "prefill_tokens": 0, "cached_tokens": 0, "max_rows": 0,
-                      "max_token_slots": 0}
+                      "max_token_slots": 0, "retracted": 0}
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
         self._thread.start()
 
@@ -233,6 +248,7 @@ class LocalEngine:
             if request is None:
                 return False
             request.aborted = True
+            self._aborts_pending = True
             self._cv.notify()
             return True
 
@@ -241,14 +257,57 @@ class LocalEngine:
         with self._cv:
             for request in self._by_id.values():
                 request.aborted = True
+            self._aborts_pending = True
             self._cv.notify()
             return len(self._by_id)
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
-        """Load new weights between scheduler steps: a state dict, or a HF model directory on disk."""
-        await asyncio.to_thread(self.update_weights_sync, weights)
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
-    def update_weights_sync(self, weights: Mapping[str, torch.Tensor] | str | Path) -> int:
+    def pause(self, mode: Literal["abort", "retract", "in_place"] = "in_place") -> int:
+        """Stop scheduling between two steps; returns how many requests were in flight.
+
+        "abort": every waiting and running request finishes now with finish_reason "abort" (tokens so far kept).
+        "retract": running rows give their KV back and are re-prefilled (prompt + tokens so far) on `resume()`.
+        "in_place": running rows keep their KV. Either way requests submitted while paused wait for `resume()`,
+        and a weight update while paused re-prefills the rows in flight (`update_weights`' on_running).
+        """
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        with self._cv:
+            self._paused = True
+            in_flight = len(self._by_id)
+        with self._step_lock:  # the step in progress, if any, ends before pause returns
+            if mode == "abort":
+                self._abort_in_flight(waiting_too=True)
+            elif mode == "retract":
+                self._retract_running()
+            self._post_finished()
+        return in_flight
+
+    def resume(self) -> None:
+        """Let the scheduler run again after `pause()`."""
+        with self._cv:
+            self._paused = False
+            self._cv.notify()
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Path, *,
+                             on_running: Literal["continue", "abort"] = "continue") -> None:
+        """Load new weights between scheduler steps: a state dict, or a HF model directory on disk.
+
+        `on_running` says what happens to rows decoding when the weights change. "continue": each row is
+        retracted and re-prefilled (prompt + tokens so far) under the new weights, then decodes on; its earlier
+        tokens keep their old version in `Generation.weight_versions`. "abort": the rows finish now with
+        finish_reason "abort" and the tokens so far, so the caller can restart the turn. Waiting requests start
+        on the new weights either way.
+        """
+        await asyncio.to_thread(self.update_weights_sync, weights, on_running=on_running)
+
+    def update_weights_sync(self, weights: Mapping[str, torch.Tensor] | str | Path, *,
+                            on_running: Literal["continue", "abort"] = "continue") -> int:
+        if on_running not in ("continue", "abort"):
+            raise ValueError(f"on_running must be 'continue' or 'abort', got {on_running!r}")
         if isinstance(weights, (str, Path)):
             weights = self._load_state_dict(Path(weights))
         own = self.model.state_dict()
@@ -266,14 +325,42 @@ class LocalEngine:
                 raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the model expects "
                                  f"{tuple(own[name].shape)}")
         with self._step_lock, torch.no_grad():
+            if on_running == "abort":  # before the swap, so each aborted request reports the version it ran on
+                self._abort_in_flight()
+                self._post_finished()
+            else:
+                self._retract_running()
             for name, tensor in weights.items():
                 own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
             self.weight_version += 1
             self._prefix.clear()  # KV computed with the old weights must not seed new requests
             self._shared.clear()
-            if not self._running:  # between rollout phases: give the idle KV buffers back
-                self._batch.release()
+            self._batch.release()  # no row is left in the batch: give the idle KV buffers back
         return self.weight_version
+
+    def _retract_running(self) -> None:
+        """Move the running rows back to the front of the queue, in order, dropping their KV; they are
+        re-prefilled (`_Request.context`) at the next admission. Call under the step lock."""
+        retracted = self._running
+        if not retracted:
+            return
+        self._batch.drop(list(range(len(retracted))))
+        self._running = []
+        with self._cv:
+            self._waiting.extendleft(reversed(retracted))
+        self.stats["retracted"] += len(retracted)
+
+    def _abort_in_flight(self, waiting_too: bool = False) -> None:
+        """Finish every running request and every retracted one (tokens so far) with "abort"; requests not yet
+        started stay queued unless `waiting_too`. Call under the step lock."""
+        with self._cv:
+            retracted = [r for r in self._waiting if r.out_ids or waiting_too]
+            self._waiting = deque(r for r in self._waiting if not (r.out_ids or waiting_too))
+        running, self._running = self._running, []
+        if running:
+            self._batch.drop(list(range(len(running))))
+        for r in [*running, *retracted]:
+            self._finish(r, "abort")
 
     def _load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
         from transformers import AutoModelForCausalLM
@@ -300,18 +387,25 @@ class LocalEngine:
         with torch.inference_mode():
             while True:
                 with self._cv:
-                    while not self._closed and not self._waiting and not self._running:
+                    while not self._closed and not self._aborts_pending and (
+                            self._paused or (not self._waiting and not self._running)):
                         self._cv.wait()
                     if self._closed:
                         break
+                    paused, self._aborts_pending = self._paused, False
                 try:
                     with self._step_lock:
-                        self._step()
+                        if paused:  # aborted requests still return while the scheduler is paused
+                            self._drop_aborted()
+                        else:
+                            self._step()
                 except Exception as e:  # thread boundary: fail the batch, keep serving
                     log.exception("local engine step failed")
                     self._fail_running(EngineError(f"local engine step failed: {type(e).__name__}: {e}"))
                 finally:
                     self._post_finished()
+                if self.step_hook is not None and not paused:
+                    self.step_hook(self)
         self._fail_all(EngineError("LocalEngine was closed while the request was pending"))
 
     def _step(self) -> None:
@@ -343,8 +437,8 @@ class LocalEngine:
         with self._cv:
             while self._waiting and len(self._running) + len(admitted) < self.config.max_batch_size:
                 nxt = self._waiting[0]
-                key = tuple(nxt.prompt)
-                cost = 0 if key in seen else len(nxt.prompt) - self._cached_length(nxt)
+                key = tuple(nxt.context())
+                cost = 0 if key in seen else len(key) - self._cached_length(nxt)
                 if admitted and cost > budget:
                     break
                 budget -= cost
@@ -357,17 +451,19 @@ class LocalEngine:
         unique: dict[tuple[int, ...], int] = {}
         work: list[_Prefill] = []
         slot = []
-        for r in admitted:
-            r.t_start = time.perf_counter()
-            r.weight_version_start = self.weight_version
-            hit = self._prefix.take(r.session_id, r.prompt) if r.session_id and self._prefix.max_tokens else None
-            key = tuple(r.prompt)
+        contexts = [r.context() for r in admitted]
+        for r, context in zip(admitted, contexts):
+            if not r.out_ids:  # a first admission, not a re-prefill after a weight update
+                r.t_start = time.perf_counter()
+                r.weight_version_start = self.weight_version
+            hit = self._prefix.take(r.session_id, context) if r.session_id and self._prefix.max_tokens else None
+            key = tuple(context)
             j = unique.get(key)
             if j is None:
                 j = unique[key] = len(work)
-                work.append(_Prefill(r.prompt, hit, from_session=hit is not None))
+                work.append(_Prefill(context, hit, from_session=hit is not None))
                 if hit is None and self._shared.max_tokens:
-                    work[j].prefix = self._shared.lookup(r.prompt)
+                    work[j].prefix = self._shared.lookup(context)
             slot.append(j)
         misses = [w for w in work if w.prefix is None]
         if self._shared.max_tokens and len(misses) > 1:
@@ -380,11 +476,12 @@ class LocalEngine:
         for group in plan_groups([len(w.prompt) - w.start for w in rest], self.config.max_prefill_tokens):
             self._prefill([rest[g] for g in group])
         for r, j in zip(admitted, slot):
-            r.cached_tokens = work[j].start
+            if not r.out_ids:
+                r.cached_tokens = work[j].start
         logits = [work[j].logits for j in slot]
         tokens, logprobs = sample_batch(torch.stack(logits), [r.params for r in admitted],
                                         [r.generator for r in admitted], _banned(admitted))
-        joined, joined_rows = [], []
+        joined, joined_rows, joined_lengths = [], [], []
         for r, j, token, logprob in zip(admitted, slot, tokens, logprobs):
             reason = self._append(r, token, logprob)
             if reason is not None:
@@ -393,7 +490,8 @@ class LocalEngine:
                 continue
             joined.append(r)
             joined_rows.append(work[j].row)
-        self._batch.add(joined_rows, [len(r.prompt) for r in joined])
+            joined_lengths.append(len(work[j].prompt))
+        self._batch.add(joined_rows, joined_lengths)
         self._running.extend(joined)
         self._admitting = []
 
@@ -409,8 +507,9 @@ class LocalEngine:
 
     def _cached_length(self, r: _Request) -> int:
         """Prompt tokens of `r` whose KV a cache holds (its session's last turn, or a prompt sharing a prefix)."""
-        m = self._prefix.match(r.session_id, r.prompt) if self._prefix.max_tokens else 0
-        return m or (self._shared.match(r.prompt) if self._shared.max_tokens else 0)
+        context = r.context()
+        m = self._prefix.match(r.session_id, context) if self._prefix.max_tokens else 0
+        return m or (self._shared.match(context) if self._shared.max_tokens else 0)
 
     def _count_prefill(self, tokens: int, cached: int) -> None:
         self.stats["prefills"] += 1
@@ -451,6 +550,7 @@ class LocalEngine:
         """Record a sampled token; return the finish reason if the request is done, else None."""
         r.out_ids.append(token)
         r.out_logprobs.append(logprob)
+        r.out_versions.append(self.weight_version)
         if token in r.stop_ids:
             r.matched_stop = token
             return "stop"
@@ -475,6 +575,7 @@ class LocalEngine:
         now = time.perf_counter()
         gen = Generation(
             token_ids=list(r.out_ids), logprobs=list(r.out_logprobs), finish_reason=reason,
+            weight_versions=list(r.out_versions),
             metrics={
                 "prompt_tokens": len(r.prompt), "completion_tokens": len(r.out_ids),
                 "queue_s": (r.t_start or now) - r.t_submit, "latency_s": now - r.t_submit,

@@ -1,8 +1,16 @@
 """`agentrl engine serve`: a LocalEngine behind SGLang's native HTTP API.
 
 The routes and JSON shapes follow sglang 0.5.x (`/generate`, `/update_weights_from_disk`, `/flush_cache`,
-`/abort_request`, `/health`, `/health_generate`, `/get_model_info`, `/get_server_info`), so `SGLangEngine` and
-other SGLang clients work against it unchanged and the SGLang code path is exercised end to end on CPU.
+`/abort_request`, `/pause_generation`, `/continue_generation`, `/health`, `/health_generate`, `/get_model_info`,
+`/get_server_info`), so `SGLangEngine` and other SGLang clients work against it unchanged and the SGLang code
+path is exercised end to end on CPU.
+
+Weight versions: `/update_weights_from_disk` takes SGLang's `weight_version` label (default: the engine's update
+count); every /generate answer's `meta_info.weight_version` is the label of the weights that sampled its last
+token and, beyond SGLang, `meta_info.weight_versions` the label of each output token's. `/pause_generation`
+with mode "abort" returns requests in flight now (finish_reason abort, tokens so far); "retract" and "in_place"
+hold them; requests sent while paused wait for `/continue_generation`. Rows still in flight when new weights
+load are re-prefilled under them (`LocalEngine.update_weights`, on_running="continue").
 Every SGLang sampling parameter is honoured (`ignore_eos` and `min_new_tokens` included) or, where the local
 engine cannot honour its value, rejected with HTTP 400 naming the field (`wire.sampling_params_from_wire`);
 there is no prefix cache (`cached_tokens` is always 0) and no streaming.
@@ -51,6 +59,11 @@ class _Server:
         self.engine = engine
         self.model_path = model_path
         self.weight_version = "default"
+        self._labels = {engine.weight_version: self.weight_version}  # engine version -> weight_version label
+        self._update_lock = asyncio.Lock()
+
+    def label(self, version: int) -> str:
+        return self._labels.get(version, str(version))
 
     def _inputs(self, body: dict) -> tuple[list[list[int]], bool]:
         has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
@@ -136,7 +149,8 @@ class _Server:
             "completion_tokens": len(gen.token_ids),
             "cached_tokens": 0,
             "e2e_latency": time.perf_counter() - t0,
-            "weight_version": self.weight_version,
+            "weight_version": self.label(gen.metrics["weight_version"]),
+            "weight_versions": [self.label(v) for v in gen.weight_versions],
         }
         if return_logprob:
             meta["output_token_logprobs"] = [
@@ -153,14 +167,23 @@ class _Server:
         if body.get("load_format") not in (None, "auto", "safetensors"):
             return JSONResponse({"success": False, "message": f"load_format={body['load_format']!r} is not "
                                  "supported by agentrl engine serve (auto or safetensors)"}, status_code=400)
-        if body.get("abort_all_requests"):
-            self.engine.abort_all()
-        try:
-            await self.engine.update_weights(Path(path))
-        except (ValueError, OSError) as e:
-            return JSONResponse({"success": False, "message": f"failed to load weights from {path}: {e}"},
-                                status_code=400)
-        self.weight_version = str(body.get("weight_version") or self.engine.weight_version)
+        label = body.get("weight_version")
+        if label is not None and not isinstance(label, str):
+            return JSONResponse({"success": False, "message": f"weight_version must be a string label, got "
+                                 f"{label!r}"}, status_code=400)
+        abort = bool(body.get("abort_all_requests"))
+        async with self._update_lock:
+            if abort:
+                self.engine.abort_all()
+            version = self.engine.weight_version + 1
+            self._labels[version] = label or str(version)  # before the swap: tokens sampled right after need it
+            try:
+                await self.engine.update_weights(Path(path), on_running="abort" if abort else "continue")
+            except (ValueError, OSError) as e:
+                del self._labels[version]
+                return JSONResponse({"success": False, "message": f"failed to load weights from {path}: {e}"},
+                                    status_code=400)
+            self.weight_version = self._labels[version]
         return JSONResponse({"success": True, "message": f"Succeeded to update model weights from {path}.",
                              "num_paused_requests": 0})
 
@@ -202,6 +225,20 @@ def create_app(engine: LocalEngine, model_path: str) -> FastAPI:
         except WireError as e:
             return JSONResponse({"success": False, "message": str(e)}, status_code=400)
         return await server.update_weights_from_disk(body)
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        body = await _json(request) if await request.body() else {}
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            return _error(400, f"pause_generation mode must be abort, retract or in_place, got {mode!r}")
+        in_flight = await asyncio.to_thread(engine.pause, mode)
+        return {"success": True, "message": f"Generation paused ({mode}); {in_flight} requests were in flight."}
+
+    @app.post("/continue_generation")
+    async def continue_generation():
+        engine.resume()
+        return {"success": True, "message": "Generation continued."}
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
@@ -251,7 +288,7 @@ def create_app(engine: LocalEngine, model_path: str) -> FastAPI:
         cfg = engine.config
         return {"backend": "agentrl-local", "model_path": server.model_path, "max_batch_size": cfg.max_batch_size,
                 "max_model_len": engine.max_model_len, "max_queued_requests": cfg.max_queued_requests,
-                "num_running": engine.num_running, "num_waiting": engine.num_waiting,
+                "num_running": engine.num_running, "num_waiting": engine.num_waiting, "paused": engine.paused,
                 "weight_version": server.weight_version, "stats": dict(engine.stats)}
 
     return app

@@ -5,6 +5,12 @@ prefix; new sessions and session-less requests go to the server with the fewest 
 Connection errors and 5xx answers are retried (on another server when there is one) before an `EngineError`.
 Weight updates call `/update_weights_from_disk` on every server (the SGLang router does not broadcast them).
 Works against real SGLang (GPU) and against `agentrl engine serve` (CPU), which speaks the same format.
+
+Partial rollouts: `pause_generation(mode)` / `continue_generation()` broadcast SGLang's routes around a weight
+update. A request that comes back aborted because this client paused the servers keeps its tokens (each with the
+version its response reported), waits for `continue_generation()` and is resubmitted as prompt + tokens so far for
+the remaining `max_new_tokens`, so one `generate()` returns one Generation whose tokens each carry the version
+that sampled them. A pause by another client is not known here: its aborts reach the caller as "abort".
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import itertools
 import time
 import uuid
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +53,9 @@ class SGLangEngine:
         self._rr = itertools.count()
         self._transport = transport
         self._background: set[asyncio.Task] = set()
+        self._resumed = asyncio.Event()  # cleared from pause_generation until continue_generation
+        self._resumed.set()
+        self._pauses = 0  # pause_generation calls so far: a request that saw one while in flight resumes
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -122,7 +132,39 @@ class SGLangEngine:
 
     async def generate(self, input_ids: list[int], params: SamplingParams, *, session_id: str | None = None,
                        request_id: str | None = None) -> Generation:
+        """See `agentrl.inference.base.Engine.generate`; resumes requests aborted by `pause_generation`."""
         await self.start()
+        rid = request_id or uuid.uuid4().hex
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] | None = []  # None once a part could not say which version sampled its tokens
+        resumes = 0
+        while True:
+            pauses = self._pauses
+            part_params = params if not ids else replace(
+                params, max_new_tokens=params.max_new_tokens - len(ids),
+                min_new_tokens=max(0, params.min_new_tokens - len(ids)))
+            gen = await self._generate_once(list(input_ids) + ids, part_params, session_id,
+                                            rid if not resumes else f"{rid}-resume{resumes}")
+            ids += gen.token_ids
+            logprobs += gen.logprobs
+            versions = versions + gen.weight_versions if versions is not None and (
+                gen.weight_versions or not gen.token_ids) else None
+            paused_meanwhile = pauses != self._pauses or not self._resumed.is_set()
+            if gen.finish_reason != "abort" or not paused_meanwhile or len(ids) >= params.max_new_tokens:
+                break
+            await self._resumed.wait()
+            resumes += 1
+        if not resumes:
+            return gen
+        reason = "length" if gen.finish_reason == "abort" and len(ids) >= params.max_new_tokens else gen.finish_reason
+        metrics = {**gen.metrics, "prompt_tokens": len(input_ids), "completion_tokens": len(ids),
+                   "resumed_after_pause": resumes}
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=reason, metrics=metrics,
+                          weight_versions=versions or [])
+
+    async def _generate_once(self, input_ids: list[int], params: SamplingParams, session_id: str | None,
+                             rid: str) -> Generation:
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": sampling_params_to_wire(params),
@@ -132,7 +174,6 @@ class SGLangEngine:
             "stream": False,
         }
         # Every request carries a rid so a cancelled call (episode timeout) can stop the server's work on it.
-        rid = request_id or uuid.uuid4().hex
         body["rid"] = rid
         tried: set[int] = set()
         last_error = ""
@@ -226,6 +267,21 @@ class SGLangEngine:
         if weight_version is not None:
             body["weight_version"] = weight_version
         await self._broadcast("POST", "/update_weights_from_disk", body)
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Pause every server (`/pause_generation`) before a weight update. "abort": requests in flight return
+        now with their tokens so far and `generate()` resubmits them after `continue_generation()`; "retract" /
+        "in_place": the servers hold them. Requests sent while paused wait for `continue_generation()`."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause_generation mode must be abort, retract or in_place, got {mode!r}")
+        self._resumed.clear()  # before the request: aborted answers may arrive before it returns
+        self._pauses += 1
+        await self._broadcast("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        """Resume every server (`/continue_generation`), then the requests `pause_generation` aborted."""
+        await self._broadcast("POST", "/continue_generation", {})
+        self._resumed.set()
 
     async def flush_cache(self) -> None:
         await self._broadcast("POST", "/flush_cache")

@@ -2,7 +2,9 @@
 
 Client side: `sampling_params_to_wire` sends every sampling value explicitly (SGLang 0.5.23 fills omitted ones
 from the model's generation_config.json) with `skip_special_tokens=false` and `no_stop_trim=true`;
-`generation_from_wire` reads `output_ids` + `meta_info.output_token_logprobs` back into a `Generation`.
+`generation_from_wire` reads `output_ids` + `meta_info.output_token_logprobs` back into a `Generation`, and the
+weight version of each token from `meta_info.weight_versions` (agentrl engine serve) or, from SGLang, which
+reports one `meta_info.weight_version` per request, that label for every token (`version_from_label`).
 Server side: `sampling_params_from_wire` honours SGLang's fields (`ignore_eos` and `min_new_tokens` included)
 and rejects, by name, the ones the local engine cannot honour (a non-neutral penalty, `min_p`, `n > 1`,
 `stop_regex`, constrained decoding, ...).
@@ -118,6 +120,27 @@ def finish_reason_from_wire(obj: Any) -> str:
     raise ValueError(f"unknown SGLang finish_reason {obj!r}")
 
 
+def version_from_label(label: Any) -> int | None:
+    """An SGLang weight_version label as a version number: "default" (SGLang's label of the weights it started
+    with) is 0, an integer label ("3") its value; any other label has no number (None)."""
+    if label == "default":
+        return 0
+    if isinstance(label, int) and not isinstance(label, bool):
+        return label
+    if isinstance(label, str) and label.strip().isdigit():
+        return int(label)
+    return None
+
+
+def _weight_versions(meta: dict, n: int) -> list[int]:
+    """One version per output token, or [] when the labels are not numbers (see `version_from_label`)."""
+    labels = meta.get("weight_versions")
+    if not isinstance(labels, list) or len(labels) != n:
+        labels = [meta.get("weight_version")] * n
+    versions = [version_from_label(label) for label in labels]
+    return [] if None in versions else versions
+
+
 def generation_from_wire(resp: dict) -> Generation:
     """One /generate response item (requested with return_logprob=true) -> Generation."""
     meta = resp["meta_info"]
@@ -133,8 +156,8 @@ def generation_from_wire(resp: dict) -> Generation:
                                     "weight_version") if k in meta}
     metrics["finish_detail"] = meta.get("finish_reason")
     return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish_reason_from_wire(meta["finish_reason"]),
-                      metrics=metrics)
+                      metrics=metrics, weight_versions=_weight_versions(meta, len(ids)))
 
 
 __all__ = ["WireError", "sampling_params_to_wire", "sampling_params_from_wire", "finish_reason_to_wire",
-           "finish_reason_from_wire", "generation_from_wire"]
+           "finish_reason_from_wire", "generation_from_wire", "version_from_label"]

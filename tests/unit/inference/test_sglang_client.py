@@ -166,3 +166,66 @@ def test_launch_sglang_cli_dry_run_prints_one_command_per_server(capsys):
     assert len(lines) == 2
     assert lines[0].startswith("CUDA_VISIBLE_DEVICES=4 ") and lines[1].startswith("CUDA_VISIBLE_DEVICES=5 ")
     assert "--port 30001" in lines[1] and lines[1].endswith("--log-level warning")
+
+
+async def test_pause_and_continue_go_to_every_server_and_an_unpaused_abort_is_returned():
+    fake = FakeServers()
+    eng = _engine(fake)
+    await eng.pause_generation("retract")
+    await eng.continue_generation()
+    calls = [(h, path, b) for h, path, b in fake.calls if path in ("/pause_generation", "/continue_generation")]
+    assert sorted(calls) == sorted([(u, "/pause_generation", {"mode": "retract"}) for u in URLS]
+                                   + [(u, "/continue_generation", {}) for u in URLS])
+    with pytest.raises(ValueError, match="in_place"):
+        await eng.pause_generation("drain")
+    await eng.close()
+
+
+class PausingServer:
+    """One SGLang server with per-request version labels only (as real SGLang): the first /generate is held until
+    `release` is set, then answers aborted with 3 tokens; later ones answer in full under `label`."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.label = "4"
+        self.generates: list[dict] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        if request.url.path != "/generate":
+            return httpx.Response(200, json={"success": True})
+        self.generates.append(body)
+        first = len(self.generates) == 1
+        if first:
+            await self.release.wait()
+        n = 3 if first else body["sampling_params"]["max_new_tokens"]
+        ids = list(range(50 + len(body["input_ids"]), 50 + len(body["input_ids"]) + n))
+        reason = {"type": "abort", "message": "paused"} if first else {"type": "length", "length": n}
+        meta = {"finish_reason": reason, "weight_version": self.label, "prompt_tokens": len(body["input_ids"]),
+                "output_token_logprobs": [[-1.0, t, None] for t in ids]}
+        return httpx.Response(200, json={"text": "", "output_ids": ids, "meta_info": meta})
+
+
+async def test_a_request_aborted_by_our_pause_resumes_with_the_tokens_so_far():
+    fake = PausingServer()
+    eng = SGLangEngine([URLS[0]], EngineConfig(backend="sglang", urls=[URLS[0]], health_timeout_s=1.0),
+                       transport=httpx.MockTransport(fake))
+    task = asyncio.ensure_future(eng.generate([1, 2], SamplingParams(max_new_tokens=10, min_new_tokens=5)))
+    while not fake.generates:
+        await asyncio.sleep(0)
+    await eng.pause_generation("abort")
+    fake.release.set()
+    await eng.update_weights("/ckpt/step-5", weight_version="5")
+    fake.label = "5"
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done() and len(fake.generates) == 1  # waits for continue_generation
+    await eng.continue_generation()
+    g = await task
+    resumed = fake.generates[1]
+    assert resumed["input_ids"] == [1, 2, 52, 53, 54]  # prompt + the tokens of the aborted part
+    assert resumed["sampling_params"]["max_new_tokens"] == 7 and resumed["sampling_params"]["min_new_tokens"] == 2
+    assert g.token_ids == [52, 53, 54] + list(range(55, 62)) and g.finish_reason == "length"
+    assert g.weight_versions == [4] * 3 + [5] * 7 and len(g.logprobs) == 10
+    assert g.metrics["resumed_after_pause"] == 1 and g.metrics["prompt_tokens"] == 2
+    await eng.close()

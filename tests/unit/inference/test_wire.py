@@ -49,3 +49,17 @@ def test_neutral_values_of_unsupported_fields_are_accepted():
     params, _ = sampling_params_from_wire({"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
                                            "repetition_penalty": 1.0, "n": 1, "logit_bias": None})
     assert params == SamplingParams(max_new_tokens=128)
+
+
+def test_weight_version_labels_become_per_token_versions():
+    from agentrl.inference.wire import generation_from_wire, version_from_label
+
+    assert [version_from_label(x) for x in ("default", "12", 3, "step-3", None)] == [0, 12, 3, None, None]
+    meta = {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-1.0, 5, None], [-2.0, 6, None]]}
+    per_request = generation_from_wire({"output_ids": [5, 6], "meta_info": {**meta, "weight_version": "2"}})
+    assert per_request.weight_versions == [2, 2]
+    per_token = generation_from_wire({"output_ids": [5, 6], "meta_info": {**meta, "weight_version": "3",
+                                                                           "weight_versions": ["2", "3"]}})
+    assert per_token.weight_versions == [2, 3] and per_token.metrics["weight_version"] == "3"
+    unnamed = generation_from_wire({"output_ids": [5, 6], "meta_info": {**meta, "weight_version": "rl-step"}})
+    assert unnamed.weight_versions == []
