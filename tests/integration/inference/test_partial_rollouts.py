@@ -10,12 +10,12 @@ import sys
 import httpx
 import pytest
 import torch
+from helpers import forcing_weights, free_port, service
 
 from agentrl.inference import EngineConfig
 from agentrl.inference.sglang import SGLangEngine
 from agentrl.trainer.algos import logprobs_from_logits
 from agentrl.types import SamplingParams
-from helpers import forcing_weights, free_port, service
 
 pytestmark = pytest.mark.slow
 

@@ -12,12 +12,12 @@ import asyncio
 
 import pytest
 import torch
+from helpers import forcing_weights
 
 from agentrl.inference import EngineConfig
 from agentrl.inference.local import LocalEngine
 from agentrl.trainer.algos import logprobs_from_logits
 from agentrl.types import SamplingParams
-from helpers import forcing_weights
 
 PROMPT = [17, 402, 96, 1203, 58, 77, 311, 940, 12, 2047, 33]
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
