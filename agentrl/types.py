@@ -69,6 +69,8 @@ class Generation:
     logprobs: list[float]  # log p(token) under log_softmax(logits / temperature); same length
     finish_reason: str  # "stop" | "length" | "abort"
     metrics: dict = field(default_factory=dict)  # e.g. queue_s, decode_s, weight_version
+    # The engine's weight version that sampled each token, one per token_ids entry; empty when the engine cannot
+    # say (then metrics["weight_version"] stands for every token).
     weight_versions: list[int] = field(default_factory=list)
 
 

@@ -11,8 +11,10 @@ from agentrl.types import Generation
 
 
 def as_version(label) -> int | None:
-    """A weight version label as an int: engines report ints, SGLang servers a string (an integer one when the
-    trainer labelled its pushes, "default" before any); None when the label is not an integer."""
+    """A weight version label as an int: engines report ints, SGLang servers a string: "default" (the weights it
+    started with) is 0, an integer label ("3") its value; None for any other label."""
+    if label == "default":
+        return 0
     if isinstance(label, int) and not isinstance(label, bool):
         return label
     if isinstance(label, str) and label.strip().isdigit():

@@ -55,11 +55,13 @@ async def test_an_engine_that_reports_no_version_records_none(tiny_tokenizer, re
     # one turn without a version makes the whole episode's versions unknown rather than half-filled
     half = await run(tiny_tokenizer, registry, [turn(tiny_tokenizer, call, version=2), "4"])
     assert half.response_versions == []
-    # SGLang labels its weights with strings: integer labels count, its initial "default" does not
+    # SGLang labels its weights with strings: integer labels and its initial "default" (0) count, others do not
     labelled = await run(tiny_tokenizer, registry, [turn(tiny_tokenizer, "4", version="7")])
     assert set(labelled.response_versions) == {7}
     default = await run(tiny_tokenizer, registry, [turn(tiny_tokenizer, "4", version="default")])
-    assert default.response_versions == []
+    assert set(default.response_versions) == {0}
+    other = await run(tiny_tokenizer, registry, [turn(tiny_tokenizer, "4", version="step-7")])
+    assert other.response_versions == []
 
 
 async def test_per_token_versions_of_the_wrong_length_are_an_engine_fault(tiny_tokenizer, registry):
@@ -69,8 +71,8 @@ async def test_per_token_versions_of_the_wrong_length_are_an_engine_fault(tiny_t
 
 
 def test_version_labels_and_sampled_versions():
-    assert [as_version(x) for x in (0, 5, "12", " 3 ", "default", None, True, 1.5, "-1")] == \
-        [0, 5, 12, 3, None, None, None, None, None]
+    assert [as_version(x) for x in (0, 5, "12", " 3 ", "default", "v2", None, True, 1.5, "-1")] == \
+        [0, 5, 12, 3, 0, None, None, None, None, None]
     gen = Generation(token_ids=[1, 2, 3], logprobs=[-1.0] * 3, finish_reason="stop", metrics={"weight_version": 2})
     assert sampled_versions(gen) == [2, 2, 2]
     gen.weight_versions = [1, 1, 2]
