@@ -104,6 +104,9 @@ class Episode:
     # Index of the assistant turn each response token belongs to (-1 for observation/glue tokens); used for
     # per-turn logprob drift metrics.
     turn_ids: list[int] = field(default_factory=list)
+    # The weight version that sampled each response token (-1 where the mask is 0), aligned with response_ids;
+    # empty when the engine did not report versions (and in episodes written before they were recorded).
+    response_versions: list[int] = field(default_factory=list)
     # What `agentrl replay` needs (agentrl/agent_loop/replay.py). `episode_id`: unique per episode
     # (f"{uid}-{sample_index}" as written by the rollout, before a trainer's refill suffix). `turns`: one dict
     # per engine call: the SamplingParams sent (seed included), the token count, finish_reason and the weight
@@ -120,8 +123,10 @@ class Episode:
         for name in ("response_mask", "response_logprobs"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"episode {self.uid}: len({name})={len(getattr(self, name))} != len(response_ids)={n}")
-        if self.turn_ids and len(self.turn_ids) != n:
-            raise ValueError(f"episode {self.uid}: len(turn_ids)={len(self.turn_ids)} != len(response_ids)={n}")
+        for name in ("turn_ids", "response_versions"):  # optional: empty when not recorded
+            values = getattr(self, name)
+            if values and len(values) != n:
+                raise ValueError(f"episode {self.uid}: len({name})={len(values)} != len(response_ids)={n}")
         if any(m not in (0, 1) for m in self.response_mask):
             raise ValueError(f"episode {self.uid}: response_mask must hold only 0 and 1")
 

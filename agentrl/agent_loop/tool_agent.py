@@ -1,8 +1,8 @@
 """`ToolAgentLoop`: one multi-turn tool-using episode, token in / token out.
 
 One growing id list per episode. Model turns are appended exactly as sampled (mask 1, the engine's logprobs,
-`turn_ids` = the turn index); everything between turns comes from the chat template (`chat.ChatTemplate`) with
-mask 0, logprob 0.0 and turn id -1. Text the model produced is decoded only to find its tool calls and to fill the
+`turn_ids` = the turn index, `response_versions` = the weight version that sampled each token); everything between
+turns comes from the chat template (`chat.ChatTemplate`) with mask 0, logprob 0.0, turn id -1 and version -1. Text the model produced is decoded only to find its tool calls and to fill the
 transcript (`Episode.messages`); it is never re-tokenized.
 
 Stop conditions (`Episode.finish_reason`, with the precise cause in `metrics["stop_detail"]`):
@@ -36,9 +36,10 @@ from pathlib import Path
 from agentrl.agent_loop.chat import ChatTemplate
 from agentrl.agent_loop.config import AgentLoopConfig
 from agentrl.agent_loop.parsers import make_parser
+from agentrl.agent_loop.versions import sampled_versions
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.tools.truncate import truncate_text
-from agentrl.types import Episode, SamplingParams, Task, ToolCall
+from agentrl.types import Episode, Generation, SamplingParams, Task, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class _State:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_ids: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    versions_known: bool = True  # False once a turn came from an engine that does not report weight versions
     tool_calls: list[dict] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)  # one record per engine call (Episode.turns)
     num_turns: int = 0
@@ -63,17 +66,26 @@ class _State:
     metrics: dict = field(default_factory=dict)
     phase: str = "start"  # what the episode is waiting for: "engine" or "tools" (reported on a timeout)
 
-    def add_model_turn(self, ids: list[int], logprobs: list[float], turn: int) -> None:
+    def add_model_turn(self, gen: Generation, turn: int) -> None:
+        ids = gen.token_ids
         self.response_ids += ids
         self.mask += [1] * len(ids)
-        self.logprobs += [float(x) for x in logprobs]
+        self.logprobs += [float(x) for x in gen.logprobs]
         self.turn_ids += [turn] * len(ids)
+        versions = sampled_versions(gen)
+        self.versions_known = self.versions_known and versions is not None
+        self.versions += versions or [-1] * len(ids)
 
     def add_glue(self, ids: list[int]) -> None:
         self.response_ids += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
         self.turn_ids += [-1] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def response_versions(self) -> list[int]:
+        """Episode.response_versions: the versions when every turn reported them, else [] (unknown)."""
+        return self.versions if self.versions_known else []
 
     def finish(self, reason: str, detail: str, *, infra: bool = False) -> None:
         self.finish_reason = reason
@@ -148,7 +160,7 @@ class ToolAgentLoop:
             response_logprobs=state.logprobs, messages=state.messages, finish_reason=state.finish_reason,
             num_turns=state.num_turns, tool_calls=state.tool_calls, infra_error=state.infra_error,
             metrics=state.metrics, task_id=task.task_id, data_source=task.data_source, turn_ids=state.turn_ids,
-            episode_id=session_id, turns=state.turns, replay=self._replay_record(task, template, sampling, state),
+            response_versions=state.response_versions(), episode_id=session_id, turns=state.turns, replay=self._replay_record(task, template, sampling, state),
         )
 
     def _replay_record(self, task: Task, template: ChatTemplate, sampling: SamplingParams, state: _State) -> dict:
@@ -189,7 +201,7 @@ class ToolAgentLoop:
             if gen is None:
                 return  # engine failure, recorded by _sample
             turn = state.num_turns
-            state.add_model_turn(gen.token_ids, gen.logprobs, turn)
+            state.add_model_turn(gen, turn)
             state.num_turns += 1
             last = gen.token_ids[-1]
             text = self.tokenizer.decode(gen.token_ids[:-1] if last in self.stop_token_ids else gen.token_ids,
@@ -310,6 +322,8 @@ class ToolAgentLoop:
             return f"no tokens returned (finish_reason {gen.finish_reason!r})"
         if len(gen.token_ids) != len(gen.logprobs):
             return f"{len(gen.token_ids)} token ids but {len(gen.logprobs)} logprobs"
+        if gen.weight_versions and len(gen.weight_versions) != len(gen.token_ids):
+            return f"{len(gen.token_ids)} token ids but {len(gen.weight_versions)} weight versions"
         return None
 
     # --- tools ---

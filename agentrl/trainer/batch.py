@@ -10,6 +10,8 @@ logits at p - 1), so position 0 is always a prompt token and never carries loss.
                                   tool observations, template glue and padding
     rollout_logprobs_B_L  float32 engine logprobs on loss tokens, 0 elsewhere
     turn_ids_B_L          int64   assistant-turn index of each loss token, -1 elsewhere
+    weight_versions_B_L   int64   weight version that sampled each loss token (Episode.response_versions), -1
+                                  elsewhere and on every token of an episode without recorded versions
     advantages_B_L        float32 advantage of each loss token (0 elsewhere); the loop sets it from the estimator
     rewards_B             float32 the episode's score
     token_rewards_B_L     float32 optional: per-token rewards (e.g. per turn) on loss tokens, added to the
@@ -34,8 +36,8 @@ from tensordict import TensorDict
 
 from agentrl.types import Episode
 
-TOKEN_KEYS = ("input_ids", "loss_mask", "rollout_logprobs", "turn_ids", "old_logprobs", "ref_logprobs", "advantages",
-              "token_rewards", "values", "returns", "rollout_is_weights")
+TOKEN_KEYS = ("input_ids", "loss_mask", "rollout_logprobs", "turn_ids", "weight_versions", "old_logprobs", "ref_logprobs",
+              "advantages", "token_rewards", "values", "returns", "rollout_is_weights")
 
 
 def episodes_to_batch(episodes: list[Episode], pad_token_id: int, advantages: list[float] | None = None, *,
@@ -60,6 +62,7 @@ def episodes_to_batch(episodes: list[Episode], pad_token_id: int, advantages: li
     loss_mask = torch.zeros(size, width)
     rollout_logprobs = torch.zeros(size, width)
     turn_ids = torch.full((size, width), -1, dtype=torch.long)
+    weight_versions = torch.full((size, width), -1, dtype=torch.long)
     for i, ep in enumerate(episodes):
         start, end = len(ep.prompt_ids), lens[i]
         input_ids[i, :end] = torch.tensor(ep.prompt_ids + ep.response_ids, dtype=torch.long)
@@ -69,6 +72,9 @@ def episodes_to_batch(episodes: list[Episode], pad_token_id: int, advantages: li
         if ep.turn_ids:
             turns = torch.tensor(ep.turn_ids, dtype=torch.long)
             turn_ids[i, start:end] = torch.where(mask.bool(), turns, torch.full_like(turns, -1))
+        if ep.response_versions:
+            versions = torch.tensor(ep.response_versions, dtype=torch.long)
+            weight_versions[i, start:end] = torch.where(mask.bool(), versions, torch.full_like(versions, -1))
     adv = torch.tensor(advantages if advantages is not None else [0.0] * size, dtype=torch.float32)
     if adv.shape != (size,):
         raise ValueError(f"advantages has {adv.numel()} entries for {size} episodes")
@@ -78,6 +84,7 @@ def episodes_to_batch(episodes: list[Episode], pad_token_id: int, advantages: li
         "loss_mask": loss_mask,
         "rollout_logprobs": rollout_logprobs,
         "turn_ids": turn_ids,
+        "weight_versions": weight_versions,
         "advantages": adv[:, None] * loss_mask,
         "rewards": torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
     }

@@ -3,7 +3,8 @@
     for step in 1..total_steps:
         tasks    = sampler.next()                                  (data.train_batch_size prompts)
         episodes = rollout.generate(tasks)                         (rollout.n per prompt, rewards filled in; a
-                                                                    reward function that raises stops the run)
+                                                                    reward function that raises stops the run;
+                                                                    every policy token's weight version recorded)
         drop infra-failed episodes                                 (counted, never trained as reward 0)
         [drop groups whose reward raised]                          (reward.on_error: drop)
         stop if too many episodes infra-failed                     (trainer.max_infra_failed_fraction, ...)
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agentrl.agent_loop.rewards import reward_failed
+from agentrl.agent_loop.versions import as_version
 from agentrl.config import save_config, to_dict
 from agentrl.console import quiet_third_party
 from agentrl.errors import InfraFailureError
@@ -88,6 +90,7 @@ from agentrl.trainer.metrics import (
     value_metrics,
 )
 from agentrl.trainer.resume import FINAL_MODEL_DIR, RECORDED_PATHS, mark_complete, plan_start, prepare_run_dir
+from agentrl.trainer.staleness import staleness_metrics
 from agentrl.trainer.stops import InfraLimits, InfraWatch, log_failure, log_line, resume_hint
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
@@ -228,7 +231,8 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
         episodes, data_stats, generated = await collect_episodes(rollout, sampler, cfg, step)
     if infra is not None:
         infra.check(step, generated)
-    metrics = {**data_stats, **rollout_metrics(generated), **episode_metrics(episodes)}
+    metrics = {**data_stats, **rollout_metrics(generated), **episode_metrics(episodes),
+               **staleness_metrics(generated, serving_version(engine))}
     if not episodes:  # nothing trainable this step (all infra failures or all zero-variance): skip the update
         return {**metrics, "data/skipped_update": 1.0}, None
 
@@ -300,6 +304,13 @@ TRUNCATED = "length"  # Episode.finish_reason of a response cut by a length budg
 def engine_weights(workers, cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """The policy's unsharded weights for `sync_weights`: shared-memory views for an engine in this process."""
     return workers.engine_state_dict() if cfg.engine.backend == "local" else workers.full_state_dict()
+
+
+def serving_version(engine) -> int | None:
+    """The weight version the engine serves now: the trainer's last push (LocalEngine counts its updates, so a
+    resumed run's count starts over; staleness only compares versions of one run). None when the engine does not
+    say. In sync mode nothing is pushed during a rollout, so this is also the version that sampled the step."""
+    return as_version(getattr(engine, "weight_version", None))
 
 
 def reuses_old_logprobs(cfg: TrainConfig) -> bool:

@@ -29,7 +29,7 @@ from agentrl.trainer.metrics import METRICS_FILE
 from agentrl.viewer.curves import curve_panels
 from agentrl.viewer.evalview import PASS_AT_K_PNG, eval_page
 from agentrl.viewer.index import Filters, RunIndex
-from agentrl.viewer.tokens import episode_tokens, load_tokenizer, tokenizer_dir
+from agentrl.viewer.tokens import episode_tokens, load_tokenizer, policy_versions, tokenizer_dir
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_PAGE = 200
@@ -144,7 +144,8 @@ def create_app(run_dir: str | Path, *, tokenizer_path: str | Path | None = None)
                 "has_trainer_logprobs": train is not None, "tokens": tokens, "messages": d.get("messages") or [],
                 "tool_calls": d.get("tool_calls") or [], "metrics": d.get("metrics") or {},
                 "turns": d.get("turns") or [], "replay": d.get("replay") or {},
-                "sum_response_mask": sum(d["response_mask"]), "prompt_tokens": len(d["prompt_ids"])}
+                "sum_response_mask": sum(d["response_mask"]), "prompt_tokens": len(d["prompt_ids"]),
+                "weight_versions": policy_versions(d)}
 
     @app.get("/api/group/{step}/{uid}")
     def group(step: int, uid: str) -> dict:

@@ -55,11 +55,13 @@ def token_pieces(tokenizer, ids: list[int]) -> list[str]:
 
 
 def episode_tokens(episode: dict, tokenizer, trainer_logprobs: list[float] | None = None) -> list[dict]:
-    """[{i, id, text, kind, turn, lp, tlp}] over prompt + response. `lp`: rollout logprob, `tlp`: trainer
-    logprob (policy tokens only; None when not recorded)."""
+    """[{i, id, text, kind, turn, lp, tlp, ver}] over prompt + response. `lp`: rollout logprob, `tlp`: trainer
+    logprob (policy tokens only; None when not recorded), `ver`: the weight version that sampled the token
+    (policy tokens of episodes that recorded versions only)."""
     prompt, response = episode["prompt_ids"], episode["response_ids"]
     mask, logprobs = episode["response_mask"], episode["response_logprobs"]
     turns = episode.get("turn_ids") or [-1] * len(response)
+    versions = episode.get("response_versions") or []  # absent from episodes written before versions existed
     pieces = token_pieces(tokenizer, prompt + response)
     out = [{"i": i, "id": t, "text": pieces[i], "kind": "prompt"} for i, t in enumerate(prompt)]
     kinds = _mask0_kinds(pieces[len(prompt):], mask, _tool_contents(episode))
@@ -68,8 +70,17 @@ def episode_tokens(episode: dict, tokenizer, trainer_logprobs: list[float] | Non
         if mask[j]:
             tok["lp"] = logprobs[j]
             tok["tlp"] = None if trainer_logprobs is None else trainer_logprobs[j]
+            if versions:
+                tok["ver"] = versions[j]
         out.append(tok)
     return out
+
+
+def policy_versions(episode: dict) -> list[int]:
+    """The distinct weight versions that sampled the episode's policy tokens, oldest first ([] when the episode
+    recorded none)."""
+    versions = episode.get("response_versions") or []
+    return sorted({v for v, m in zip(versions, episode["response_mask"]) if m})
 
 
 def _tool_contents(episode: dict) -> list[str]:
@@ -111,4 +122,4 @@ def _mask0_kinds(pieces: list[str], mask: list[int], contents: list[str]) -> lis
     return kinds
 
 
-__all__ = ["episode_tokens", "load_tokenizer", "token_pieces", "tokenizer_dir"]
+__all__ = ["episode_tokens", "load_tokenizer", "policy_versions", "token_pieces", "tokenizer_dir"]

@@ -161,10 +161,19 @@ async function showInfra() {
 
 // ------------------------------------------------------------------------------------------------- one episode
 let colourMode = "mask";
+// one colour per weight version of an episode, oldest first (repeats after six versions)
+const VERSION_COLOURS = ["#8ec5ff", "#ffb866", "#96dba0", "#e7a3dc", "#f4dc6a", "#86d9d4"];
 
-function colourFor(tok, mode, advantage) {
+function versionColour(data, version) {
+  const k = data.weight_versions.indexOf(version);
+  return k < 0 ? "" : VERSION_COLOURS[k % VERSION_COLOURS.length];
+}
+
+function colourFor(tok, mode, data) {
   if (tok.kind !== "policy" || mode === "mask") return "";
+  if (mode === "version") return tok.ver === undefined ? "" : versionColour(data, tok.ver);
   if (mode === "advantage") {
+    const advantage = data.advantage;
     if (advantage === null || advantage === undefined) return "";
     const a = Math.max(-1, Math.min(1, advantage / 2));
     return a >= 0 ? `rgba(40,160,70,${0.15 + 0.6 * a})` : `rgba(220,60,50,${0.15 - 0.6 * a})`;
@@ -177,6 +186,7 @@ function colourFor(tok, mode, advantage) {
 function tokenTip(tok) {
   const lines = [`token ${tok.i}  id ${tok.id}  ${tok.kind}${tok.turn >= 0 ? `  turn ${tok.turn}` : ""}`];
   if (tok.kind === "policy") {
+    if (tok.ver !== undefined) lines.push(`weight version   ${tok.ver}`);
     lines.push(`rollout logprob  ${fmt(tok.lp, 5)}`);
     if (isEval()) return lines.join("\n");
     lines.push(`trainer logprob  ${fmt(tok.tlp, 5)}`);
@@ -193,7 +203,7 @@ function renderTokens(box, data) {
     span.className = `tok ${tok.kind}`;
     span.textContent = tok.text;
     span.dataset.i = tok.i;
-    const bg = colourFor(tok, colourMode, data.advantage);
+    const bg = colourFor(tok, colourMode, data);
     if (bg) span.style.background = bg;
     frag.append(span);
   }
@@ -211,9 +221,20 @@ function callBlock(c) {
     resp.content !== undefined ? [h("div", { class: "muted" }, "response"), h("pre", {}, resp.content)] : null);
 }
 
+// the weight versions that sampled the episode's policy tokens, each in its colour (nothing for old episodes)
+function versionsLine(data) {
+  const versions = data.weight_versions;
+  if (!versions.length) return null;
+  return h("div", { class: "muted", id: "weight-versions", "data-versions": versions.join(",") },
+    versions.length > 1 ? "sampled by weight versions " : "sampled by weight version ",
+    versions.map(v => h("span", { class: "version", style: `background: ${versionColour(data, v)}` }, v)),
+    versions.length > 1 ? " (new weights arrived while it ran)" : "");
+}
+
 async function showEpisode(row) {
   const data = await api(`/api/episode/${row}`);
   const s = data.summary;
+  const versions = data.weight_versions;
   const box = h("div", { class: "tokens collapsed-prompt", id: "tokens" });
   box.addEventListener("mouseover", ev => {
     const i = ev.target.dataset && ev.target.dataset.i;
@@ -226,8 +247,9 @@ async function showEpisode(row) {
   const modes = h("select", { id: "colour-mode", onchange: ev => { colourMode = ev.target.value; renderTokens(box, data); } },
     h("option", { value: "mask" }, "colour by response_mask"),
     isEval() ? null : h("option", { value: "advantage" }, "colour by advantage"),
-    isEval() ? null : h("option", { value: "drift" }, "colour by drift |rollout − trainer logprob|"));
-  modes.value = isEval() ? "mask" : colourMode;
+    isEval() ? null : h("option", { value: "drift" }, "colour by drift |rollout − trainer logprob|"),
+    versions.length ? h("option", { value: "version" }, "colour by weight version") : null);
+  modes.value = [...modes.options].some(o => o.value === colourMode) ? colourMode : "mask";
   const promptToggle = h("label", {}, h("input", { type: "checkbox", id: "show-prompt",
     onchange: ev => box.classList.toggle("collapsed-prompt", !ev.target.checked) }), " show prompt tokens");
   const counts = { policy: 0, observation: 0, glue: 0 };
@@ -245,7 +267,8 @@ async function showEpisode(row) {
                  "data-mask-sum": data.sum_response_mask },
         `${data.prompt_tokens} prompt tokens · ${counts.policy} policy · ${counts.observation} observation · `,
         `${counts.glue} template glue · sum(response_mask) = ${data.sum_response_mask}`,
-        data.has_trainer_logprobs || isEval() ? "" : " · trainer logprobs not recorded for this episode")),
+        data.has_trainer_logprobs || isEval() ? "" : " · trainer logprobs not recorded for this episode"),
+      versionsLine(data)),
     h("div", { class: "panel" },
       h("div", { class: "legend" }, h("span", { class: "tok policy" }, "policy (mask 1)"),
         h("span", { class: "tok observation" }, "tool observation"), h("span", { class: "tok glue" }, "template glue"),

@@ -43,8 +43,8 @@ def comparable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))}
 
 
-EPISODE_FIELDS = ("step", "uid", "sample_index", "prompt_ids", "response_ids", "response_mask", "reward",
-                  "finish_reason", "num_turns", "infra_error")
+EPISODE_FIELDS = ("step", "uid", "sample_index", "prompt_ids", "response_ids", "response_mask", "response_versions",
+                  "reward", "finish_reason", "num_turns", "infra_error")
 
 
 def episode_rows(run_dir) -> list[dict]:
@@ -76,6 +76,16 @@ def test_grpo_run_resume_rerun_and_export(ray_session, tiny_model_dir, calc_task
             assert key in row, key
     # Step 2 was sampled by the engine after the step-1 weight sync: rollout and trainer logprobs agree.
     assert rows[1]["drift/abs_max"] < 1e-4
+    # Sync mode trains on what the current weights sampled: staleness 0 everywhere, no episode spans an update,
+    # and every policy token records the engine's version at its step (0 before any sync, one sync per step).
+    for row in rows:
+        assert row["rollout/staleness_max"] == row["rollout/staleness_mean"] == 0
+        assert row["rollout/staleness_hist/0"] == row["rollout/episodes"] == 8
+        assert row["rollout/episodes_spanning_update"] == row["rollout/unversioned_episodes"] == 0
+    for ep in episode_rows(run):
+        assert len(ep["response_versions"]) == len(ep["response_ids"])
+        assert {v for v, m in zip(ep["response_versions"], ep["response_mask"]) if m} == {ep["step"] - 1}
+        assert all(v == -1 for v, m in zip(ep["response_versions"], ep["response_mask"]) if not m)
     assert any(k.startswith("val/reward/mean") for r in read_metrics(run) for k in r)
     assert [p.name for p in list_checkpoints(run)] == ["step_000001", "step_000002"]
     assert (run / "config.yaml").is_file() and (run / "episodes.jsonl").is_file()

@@ -72,6 +72,11 @@ def test_episode_page_colours_exactly_the_policy_tokens(browser, viewer_url, rec
     page.hover("#tokens .tok.policy >> nth=0")
     tip = page.inner_text("#tip")
     assert "rollout logprob" in tip and "trainer logprob" in tip and "difference" in tip
+    # one engine, never updated: every policy token was sampled by weight version 0
+    assert "weight version   0" in tip
+    assert page.inner_text("#weight-versions").strip() == "sampled by weight version 0"
+    page.select_option("#colour-mode", "version")
+    assert page.locator('#tokens .tok.policy[style*="background"]').count() == sum(rows[target]["response_mask"])
     page.select_option("#colour-mode", "drift")
     shot = shots / "viewer-episode.png"
     page.screenshot(path=str(shot), full_page=True)

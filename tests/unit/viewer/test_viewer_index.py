@@ -95,6 +95,24 @@ def test_api_pages_and_episode_tokens(tmp_path):
         assert "agentrl view" in client.get("/").text and client.get("/static/app.js").status_code == 200
 
 
+def test_episode_tokens_carry_weight_versions_and_old_rows_show_none(tmp_path):
+    """Policy tokens carry the weight version that sampled them; a row written before versions were recorded
+    (no response_versions key) renders as before."""
+    spanning = _episode("s1-a", 0, 1.0)
+    spanning.response_versions = [3, 3, -1, -1, 4]  # turn 1 sampled after an update
+    write_episodes(tmp_path / "episodes.jsonl", [spanning], step=1, n=1)
+    old = {k: v for k, v in _episode("s1-b", 0, 0.0).to_dict().items() if k != "response_versions"}
+    with (tmp_path / "episodes.jsonl").open("a") as f:
+        f.write(json.dumps({**old, "step": 1, "sample_index": 0}) + "\n")
+    with TestClient(create_app(tmp_path)) as client:
+        ep = client.get("/api/episode/0").json()
+        assert ep["weight_versions"] == [3, 4]
+        assert [t.get("ver") for t in ep["tokens"][3:]] == [3, 3, None, None, 4]
+        ep = client.get("/api/episode/1").json()
+        assert ep["weight_versions"] == [] and not any("ver" in t for t in ep["tokens"])
+        assert [t["kind"] for t in ep["tokens"][3:]] == ["policy", "policy", "glue", "glue", "policy"]
+
+
 def test_observation_tokens_are_the_tool_content():
     pieces = ["a", "b", "\n<tool_response>\n", "the ", "value", "\n</tool_response>", "c"]
     assert _mask0_kinds(pieces, [1, 1, 0, 0, 0, 0, 1], ["the value"]) == \
