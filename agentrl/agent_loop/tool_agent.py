@@ -2,8 +2,9 @@
 
 One growing id list per episode. Model turns are appended exactly as sampled (mask 1, the engine's logprobs,
 `turn_ids` = the turn index, `response_versions` = the weight version that sampled each token); everything between
-turns comes from the chat template (`chat.ChatTemplate`) with mask 0, logprob 0.0, turn id -1 and version -1. Text the model produced is decoded only to find its tool calls and to fill the
-transcript (`Episode.messages`); it is never re-tokenized.
+turns comes from the chat template (`chat.ChatTemplate`) with mask 0, logprob 0.0, turn id -1 and version -1.
+Text the model produced is decoded only to find its tool calls and to fill the transcript (`Episode.messages`);
+it is never re-tokenized.
 
 Stop conditions (`Episode.finish_reason`, with the precise cause in `metrics["stop_detail"]`):
 - "stop": a turn without tool calls (final answer), or a turn ended by an eos id other than the template's
@@ -160,7 +161,8 @@ class ToolAgentLoop:
             response_logprobs=state.logprobs, messages=state.messages, finish_reason=state.finish_reason,
             num_turns=state.num_turns, tool_calls=state.tool_calls, infra_error=state.infra_error,
             metrics=state.metrics, task_id=task.task_id, data_source=task.data_source, turn_ids=state.turn_ids,
-            response_versions=state.response_versions(), episode_id=session_id, turns=state.turns, replay=self._replay_record(task, template, sampling, state),
+            response_versions=state.response_versions(), episode_id=session_id, turns=state.turns,
+            replay=self._replay_record(task, template, sampling, state),
         )
 
     def _replay_record(self, task: Task, template: ChatTemplate, sampling: SamplingParams, state: _State) -> dict:

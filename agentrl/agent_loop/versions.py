@@ -7,19 +7,8 @@ a turn) or one per turn (`Generation.metrics["weight_version"]`). The agent loop
 
 from __future__ import annotations
 
+from agentrl.inference.wire import version_from_label as as_version
 from agentrl.types import Generation
-
-
-def as_version(label) -> int | None:
-    """A weight version label as an int: engines report ints, SGLang servers a string: "default" (the weights it
-    started with) is 0, an integer label ("3") its value; None for any other label."""
-    if label == "default":
-        return 0
-    if isinstance(label, int) and not isinstance(label, bool):
-        return label
-    if isinstance(label, str) and label.strip().isdigit():
-        return int(label)
-    return None
 
 
 def sampled_versions(gen: Generation) -> list[int] | None:

@@ -51,8 +51,9 @@ class Engine(Protocol):
         """
         ...
 
-    async def update_weights(self, weights) -> None:
-        """Swap in new policy weights: a state dict (LocalEngine) or a checkpoint directory (SGLang)."""
+    async def update_weights(self, weights, *, version: int | None = None) -> None:
+        """Swap in new policy weights: a state dict (LocalEngine) or a checkpoint directory (SGLang). `version`
+        numbers them (the trainer passes the step that made them); tokens they sample report it."""
         ...
 
 

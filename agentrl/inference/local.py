@@ -293,21 +293,24 @@ class LocalEngine:
             self._cv.notify()
 
     async def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Path, *,
-                             on_running: Literal["continue", "abort"] = "continue") -> None:
+                             on_running: Literal["continue", "abort"] = "continue", version: int | None = None) -> None:
         """Load new weights between scheduler steps: a state dict, or a HF model directory on disk.
 
         `on_running` says what happens to rows decoding when the weights change. "continue": each row is
         retracted and re-prefilled (prompt + tokens so far) under the new weights, then decodes on; its earlier
         tokens keep their old version in `Generation.weight_versions`. "abort": the rows finish now with
         finish_reason "abort" and the tokens so far, so the caller can restart the turn. Waiting requests start
-        on the new weights either way.
+        on the new weights either way. `version` numbers the new weights (the trainer passes the step that made
+        them, so versions survive a resume); None: the previous version + 1.
         """
-        await asyncio.to_thread(self.update_weights_sync, weights, on_running=on_running)
+        await asyncio.to_thread(self.update_weights_sync, weights, on_running=on_running, version=version)
 
     def update_weights_sync(self, weights: Mapping[str, torch.Tensor] | str | Path, *,
-                            on_running: Literal["continue", "abort"] = "continue") -> int:
+                            on_running: Literal["continue", "abort"] = "continue", version: int | None = None) -> int:
         if on_running not in ("continue", "abort"):
             raise ValueError(f"on_running must be 'continue' or 'abort', got {on_running!r}")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+            raise ValueError(f"update_weights: version must be an int >= 0, got {version!r}")
         if isinstance(weights, (str, Path)):
             weights = self._load_state_dict(Path(weights))
         own = self.model.state_dict()
@@ -332,7 +335,7 @@ class LocalEngine:
                 self._retract_running()
             for name, tensor in weights.items():
                 own[name].copy_(tensor.to(device=own[name].device, dtype=own[name].dtype))
-            self.weight_version += 1
+            self.weight_version = self.weight_version + 1 if version is None else version
             self._prefix.clear()  # KV computed with the old weights must not seed new requests
             self._shared.clear()
             self._batch.release()  # no row is left in the batch: give the idle KV buffers back

@@ -28,7 +28,7 @@ import httpx
 
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
-from agentrl.inference.wire import generation_from_wire, sampling_params_to_wire
+from agentrl.inference.wire import generation_from_wire, sampling_params_to_wire, version_from_label
 from agentrl.retry import backoff_delay
 from agentrl.types import Generation, SamplingParams
 
@@ -56,6 +56,9 @@ class SGLangEngine:
         self._resumed = asyncio.Event()  # cleared from pause_generation until continue_generation
         self._resumed.set()
         self._pauses = 0  # pause_generation calls so far: a request that saw one while in flight resumes
+        # the version of the weights the servers serve: 0 for those they started with ("default"), then the number
+        # of the label of this client's last update_weights (None: a label that is not a number)
+        self.weight_version: int | None = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -252,9 +255,10 @@ class SGLangEngine:
             raise EngineError(f"{len(errors)} of {len(self.urls)} servers failed: " + "; ".join(errors))
         return results
 
-    async def update_weights(self, weights: str | Path, *, abort_in_flight: bool = False,
+    async def update_weights(self, weights: str | Path, *, abort_in_flight: bool = False, version: int | None = None,
                              weight_version: str | None = None, flush_cache: bool = True) -> None:
-        """Load a HF checkpoint directory on every server (`/update_weights_from_disk`).
+        """Load a HF checkpoint directory on every server (`/update_weights_from_disk`), labelled `weight_version`
+        (or `str(version)`, the Engine protocol's version number).
 
         SGLang waits for in-flight requests unless `abort_in_flight` (then they finish with "abort").
         The directory must be readable by every server (shared filesystem on multi-node clusters).
@@ -262,11 +266,14 @@ class SGLangEngine:
         if not isinstance(weights, (str, Path)):
             raise TypeError("SGLangEngine.update_weights takes a checkpoint directory (str or Path); save the "
                             "state dict with save_pretrained first")
+        if weight_version is None and version is not None:
+            weight_version = str(version)
         body: dict[str, Any] = {"model_path": str(weights), "abort_all_requests": abort_in_flight,
                                 "flush_cache": flush_cache}
         if weight_version is not None:
             body["weight_version"] = weight_version
         await self._broadcast("POST", "/update_weights_from_disk", body)
+        self.weight_version = version_from_label(weight_version) if weight_version is not None else None
 
     async def pause_generation(self, mode: str = "abort") -> None:
         """Pause every server (`/pause_generation`) before a weight update. "abort": requests in flight return

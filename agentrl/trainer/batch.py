@@ -36,8 +36,8 @@ from tensordict import TensorDict
 
 from agentrl.types import Episode
 
-TOKEN_KEYS = ("input_ids", "loss_mask", "rollout_logprobs", "turn_ids", "weight_versions", "old_logprobs", "ref_logprobs",
-              "advantages", "token_rewards", "values", "returns", "rollout_is_weights")
+TOKEN_KEYS = ("input_ids", "loss_mask", "rollout_logprobs", "turn_ids", "weight_versions", "old_logprobs",
+              "ref_logprobs", "advantages", "token_rewards", "values", "returns", "rollout_is_weights")
 
 
 def episodes_to_batch(episodes: list[Episode], pad_token_id: int, advantages: list[float] | None = None, *,

@@ -307,9 +307,9 @@ def engine_weights(workers, cfg: TrainConfig) -> dict[str, torch.Tensor]:
 
 
 def serving_version(engine) -> int | None:
-    """The weight version the engine serves now: the trainer's last push (LocalEngine counts its updates, so a
-    resumed run's count starts over; staleness only compares versions of one run). None when the engine does not
-    say. In sync mode nothing is pushed during a rollout, so this is also the version that sampled the step."""
+    """The weight version the engine serves now: the step of the trainer's last push (`sync_weights`), so versions
+    read the same after a resume. None when the engine does not say. In sync mode nothing is pushed during a
+    rollout, so this is also the version that sampled the step."""
     return as_version(getattr(engine, "weight_version", None))
 
 

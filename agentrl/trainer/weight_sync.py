@@ -183,16 +183,17 @@ class SharedStateDict:
 
 async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: str, model_path: str,
                        run_dir: str | Path, step: int) -> dict[str, float]:
-    """Send `state_dict` (from `WorkerGroup.full_state_dict()`) to `engine`; returns timing metrics."""
+    """Send `state_dict` (from `WorkerGroup.full_state_dict()`) to `engine` as weight version `step` (the step
+    whose update made them: tokens sampled with them record it); returns timing metrics."""
     t0 = time.perf_counter()
     if backend == "local":
-        await engine.update_weights(state_dict)
+        await engine.update_weights(state_dict, version=step)
         return {"timing/weight_push_s": time.perf_counter() - t0}
     if backend == "sglang":
         root = Path(run_dir) / "weights"
         path = write_hf_checkpoint(state_dict, model_path, root / f"step_{step:06d}")
         t1 = time.perf_counter()
-        await engine.update_weights(str(path.resolve()))
+        await engine.update_weights(str(path.resolve()), version=step)
         for old in root.glob("step_*"):
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)

@@ -74,7 +74,7 @@ class ScriptedEngine:
         return Generation(token_ids=ids, logprobs=[fake_logprob(t, start + i) for i, t in enumerate(ids)],
                           finish_reason=reason)
 
-    async def update_weights(self, weights) -> None:
+    async def update_weights(self, weights, *, version: int | None = None) -> None:
         return None
 
 

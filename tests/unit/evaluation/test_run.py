@@ -74,7 +74,7 @@ class SolverEngine:
         ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.end_of_turn_id]
         return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
 
-    async def update_weights(self, weights) -> None:
+    async def update_weights(self, weights, *, version: int | None = None) -> None:
         return None
 
 

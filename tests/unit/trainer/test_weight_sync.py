@@ -48,6 +48,9 @@ async def test_sync_makes_engine_logprobs_match_the_trainer(tiny_model_dir, tmp_
         await sync_weights(group.full_state_dict(), engine, backend="local", model_path=str(tiny_model_dir),
                            run_dir=tmp_path, step=1)
         assert drift(group, await engine_episode(engine, seed=4)) < 1e-4
+        # the weights are numbered by the step that made them, and so are the tokens they sample
+        gen = await engine.generate(PROMPT, SamplingParams(max_new_tokens=4, temperature=1.0, seed=4))
+        assert engine.weight_version == 1 and gen.weight_versions == [1] * len(gen.token_ids)
 
         group.update_policy(batch, temperature=1.0, mini_batch_size=2)
         metrics = await sync_weights(group.full_state_dict(), engine, backend="sglang",
@@ -55,6 +58,7 @@ async def test_sync_makes_engine_logprobs_match_the_trainer(tiny_model_dir, tmp_
         assert "timing/weight_write_s" in metrics
         assert [p.name for p in (tmp_path / "weights").iterdir()] == ["step_000002"]
         assert drift(group, await engine_episode(engine, seed=5)) < 1e-4
+        assert engine.weight_version == 2
     finally:
         await engine.close()
         group.shutdown()
