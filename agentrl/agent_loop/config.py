@@ -54,6 +54,9 @@ class RolloutConfig(ConfigModel):
     seed: int | None = None  # base sampling seed; each episode and turn derives its own (None: unseeded)
     max_concurrent_episodes: int = Field(64, ge=1)  # episodes in flight at once, across all engines
     dump_episodes: bool = True  # write run_dir/episodes.jsonl (every group member)
+    # trainer.mode async: what new weights do to turns in flight. "continue": the turn goes on under the new
+    # weights (its tokens keep the version that sampled each); "abort": the turn ends and the agent loop restarts it.
+    on_weight_update: Literal["continue", "abort"] = "continue"
 
     @field_validator("top_k")
     @classmethod

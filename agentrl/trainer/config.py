@@ -402,6 +402,15 @@ class TrainerConfig(ConfigModel):
     max_infra_failed_fraction: float = Field(0.5, ge=0, le=1)
     infra_streak_fraction: float = Field(0.25, ge=0, le=1)
     infra_streak_steps: int = Field(3, ge=0)
+    # "sync": roll out, train, push weights, in turn. "async": rollouts never stop; the trainer takes groups as they
+    # finish and pushes weights without draining the engine (docs/training.md, "Sync and async").
+    mode: Literal["sync", "async"] = "sync"
+    # async: groups whose oldest policy token is more than this many weight versions behind the trainer are dropped
+    # (and counted), and the producer never runs more than this many steps ahead. 1 overlaps the next step's
+    # rollout with this step's update, the bulk of the gain; larger values absorb long-tailed episodes at the cost
+    # of more off-policy tokens. 0 trains exactly the batches sync mode trains.
+    max_staleness: int = Field(1, ge=0)
+    weight_sync_timeout_s: float = Field(600.0, gt=0)  # a weight push that takes longer stops the run
 
 
 class TrainConfig(ConfigModel):
@@ -449,6 +458,11 @@ def _check_algorithm(cfg: TrainConfig) -> None:
             f"actor.policy_loss.loss_mode={loss_mode!r} already takes its ratio against pi_rollout: set "
             f"rollout_correction.level=null, or loss_mode=reinforce (REINFORCE with importance weights), or "
             f"bypass_mode=false")
+    if cfg.trainer.mode == "async" and not (corr.bypass_mode or corr.level or corr.rejection.level):
+        raise ValueError("trainer.mode=async trains on tokens sampled by older weights and needs an off-policy "
+                         "correction: set algorithm.rollout_correction.level=token|sequence (mode truncate or mask), "
+                         "or algorithm.rollout_correction.rejection.level=token|sequence|geometric (with lower and "
+                         "upper), or algorithm.rollout_correction.bypass_mode=true")
     if alg.use_kl_in_reward and cfg.actor.use_kl_loss:
         log.warning("algorithm.use_kl_in_reward and actor.use_kl_loss are both true: the reference KL is applied "
                     "twice (once in the rewards, once in the loss); set one of them false unless that is intended")

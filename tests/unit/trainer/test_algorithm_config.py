@@ -195,3 +195,24 @@ def test_gspo_with_ppo_sized_clip_ranges_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="agentrl.trainer.config"):
         load("actor.policy_loss.loss_mode=gspo")
     assert "clip_ratio_low=3e-4" in caplog.text
+
+
+def test_async_mode_needs_an_off_policy_correction():
+    assert load().trainer.mode == "sync" and load().trainer.max_staleness == 1
+    assert load().rollout.on_weight_update == "continue"
+    with pytest.raises(ConfigError, match=r"trainer.mode=async .*rollout_correction.level=token\|sequence.*"
+                                          r"rejection.level=.*bypass_mode=true") as err:
+        load("trainer.mode=async")
+    assert "\n" not in str(err.value).strip()  # one line
+    for correction in (["algorithm.rollout_correction.level=token"],
+                       ["algorithm.rollout_correction.level=sequence", "algorithm.rollout_correction.mode=mask"],
+                       ["algorithm.rollout_correction.rejection.level=geometric",
+                        "algorithm.rollout_correction.rejection.lower=0.5",
+                        "algorithm.rollout_correction.rejection.upper=2"],
+                       ["algorithm.rollout_correction.bypass_mode=true"]):
+        cfg = load("trainer.mode=async", "trainer.max_staleness=0", "rollout.on_weight_update=abort", *correction)
+        assert cfg.trainer.mode == "async" and cfg.trainer.max_staleness == 0
+    with pytest.raises(ConfigError, match="max_staleness"):
+        load("trainer.max_staleness=-1")
+    with pytest.raises(ConfigError, match="on_weight_update"):
+        load("rollout.on_weight_update=wait")
