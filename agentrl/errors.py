@@ -29,6 +29,11 @@ class InfraFailureError(Exception):
     one line naming the service, its URL and what failed. Running the same command again resumes the run."""
 
 
+class WeightSyncTimeoutError(InfraFailureError):
+    """A weight push to the engine did not finish within `trainer.weight_sync_timeout_s`; raised after the step's
+    update, so the run stops with that step saved."""
+
+
 def debug_enabled() -> bool:
     """`AGENTRL_DEBUG=1` (or any non-empty value but 0) shows tracebacks for user errors too."""
     return os.environ.get("AGENTRL_DEBUG", "") not in ("", "0")
@@ -39,4 +44,5 @@ def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-__all__ = ["EXIT_INFRA", "EXIT_USER", "InfraFailureError", "UserError", "debug_enabled", "one_line"]
+__all__ = ["EXIT_INFRA", "EXIT_USER", "InfraFailureError", "UserError", "WeightSyncTimeoutError", "debug_enabled",
+           "one_line"]

@@ -61,28 +61,46 @@ class RolloutManager:
         if progress is None:
             progress = _progress(len(tasks) * n, f"rollout step {step}")
 
-        async def one(index: int, task: Task, sample: int) -> Episode:
+        jobs = [(t, f"step{step}-{call}-task{i}", k) for i, t in enumerate(tasks) for k in range(n)]
+        try:
+            episodes = await self._run_episodes(jobs, slots, progress)
+        finally:
+            if progress is not None:
+                progress.close()
+        if self.run_dir is not None and self.rollout_config.dump_episodes and episodes:
+            write_episodes(self.run_dir / EPISODES_FILE, episodes, step=step, n=n)
+        return episodes
+
+    async def generate_group(self, task: Task, *, uid: str, slots: asyncio.Semaphore) -> list[Episode]:
+        """`rollout.n` episodes of `task` in group `uid` (sampling seeds derive from it), each run in one of
+        `slots`: the async trainer's producer shares one pool of `rollout.max_concurrent_episodes` slots among all
+        its groups. Rewards filled in; nothing written (the trainer writes the groups it takes)."""
+        check_reward_specs([task], self.reward_config)
+        if self.tools is not None:
+            await self.tools.start()
+        self._check_tool_names([task])
+        return await self._run_episodes([(task, uid, k) for k in range(self.rollout_config.n)], slots, None)
+
+    async def _run_episodes(self, jobs: list[tuple[Task, str, int]], slots: asyncio.Semaphore,
+                            progress) -> list[Episode]:
+        """One episode per (task, group uid, sample index), each in a slot; results in `jobs` order."""
+
+        async def one(task: Task, uid: str, sample: int) -> Episode:
             async with slots:
-                episode = await self._episode(task, uid=f"step{step}-{call}-task{index}", sample=sample)
+                episode = await self._episode(task, uid=uid, sample=sample)
             if progress is not None:
                 progress.update(1)
             return episode
 
         try:  # a TaskGroup cancels the other episodes if one fails with a bug (not an infra error)
             async with asyncio.TaskGroup() as group:
-                running = [group.create_task(one(i, t, k)) for i, t in enumerate(tasks) for k in range(n)]
+                running = [group.create_task(one(*job)) for job in jobs]
         except ExceptionGroup as failed:  # a reward function raised: the first one is the user's one-line error
             first = next((e for e in failed.exceptions if isinstance(e, RewardError)), None)
             if first is None:
                 raise
             raise first from first.__cause__
-        finally:
-            if progress is not None:
-                progress.close()
-        episodes = [r.result() for r in running]
-        if self.run_dir is not None and self.rollout_config.dump_episodes and episodes:
-            write_episodes(self.run_dir / EPISODES_FILE, episodes, step=step, n=n)
-        return episodes
+        return [r.result() for r in running]
 
     async def _episode(self, task: Task, *, uid: str, sample: int) -> Episode:
         cfg = self.rollout_config

@@ -55,7 +55,7 @@ from agentrl.agent_loop.rewards import reward_failed
 from agentrl.agent_loop.versions import as_version
 from agentrl.config import save_config, to_dict
 from agentrl.console import quiet_third_party
-from agentrl.errors import InfraFailureError
+from agentrl.errors import InfraFailureError, WeightSyncTimeoutError
 from agentrl.trainer.algos import (
     AdvantageInputs,
     apply_kl_in_reward,
@@ -68,6 +68,7 @@ from agentrl.trainer.algos import (
     token_level_rewards,
 )
 from agentrl.trainer.batch import episodes_to_batch
+from agentrl.trainer.buffer import GroupBuffer
 from agentrl.trainer.checkpoint import (
     begin_checkpoint,
     checkpoint_step,
@@ -90,7 +91,7 @@ from agentrl.trainer.metrics import (
     value_metrics,
 )
 from agentrl.trainer.resume import FINAL_MODEL_DIR, RECORDED_PATHS, mark_complete, plan_start, prepare_run_dir
-from agentrl.trainer.staleness import staleness_metrics
+from agentrl.trainer.staleness import filter_stale_groups, staleness_metrics
 from agentrl.trainer.stops import InfraLimits, InfraWatch, log_failure, log_line, resume_hint
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
@@ -182,53 +183,112 @@ async def collect_episodes(rollout, sampler: TaskSampler, cfg: TrainConfig,
         for ep in episodes:  # uids restart at task0 each call: make refill rounds distinct groups
             ep.uid = f"{ep.uid}-r{round_index}"
         all_episodes += episodes
-        stats["data/infra_failed"] += sum(ep.infra_error for ep in episodes)
-        for group in group_by_uid([ep for ep in episodes if not ep.infra_error]).values():
-            if cfg.reward.on_error == "drop" and any(reward_failed(ep) for ep in group):
-                stats["data/reward_error_groups"] += 1
-                continue
-            if not has_signal(group):
-                if len(group) > 1:  # a lone episode (rollout.n 1, e.g. PPO with a critic) is no zero-variance group
-                    stats["data/zero_var_groups"] += 1
-                if cfg.algorithm.filter_zero_variance_groups:
-                    continue
-            kept.append(group)
+        kept += keep_groups(list(group_by_uid(episodes).values()), cfg, stats)
         stats["data/rollout_rounds"] = round_index + 1
         if len(kept) >= cfg.data.train_batch_size:
             break
+    return finish_collect(kept, all_episodes, stats, cfg)
+
+
+def keep_groups(groups: list[list[Episode]], cfg: TrainConfig, stats: defaultdict) -> list[list[Episode]]:
+    """The trainable part of finished groups: infra-failed episodes out (counted in `stats`), then the groups
+    whose reward raised (`reward.on_error: drop`) and, with `algorithm.filter_zero_variance_groups`, the groups
+    without reward variance (counted)."""
+    kept = []
+    for group in groups:
+        stats["data/infra_failed"] += sum(ep.infra_error for ep in group)
+        group = [ep for ep in group if not ep.infra_error]
+        if not group:
+            continue
+        if cfg.reward.on_error == "drop" and any(reward_failed(ep) for ep in group):
+            stats["data/reward_error_groups"] += 1
+            continue
+        if not has_signal(group):
+            if len(group) > 1:  # a lone episode (rollout.n 1, e.g. PPO with a critic) is no zero-variance group
+                stats["data/zero_var_groups"] += 1
+            if cfg.algorithm.filter_zero_variance_groups:
+                continue
+        kept.append(group)
+    return kept
+
+
+def finish_collect(kept: list[list[Episode]], generated: list[Episode], stats: defaultdict,
+                   cfg: TrainConfig) -> tuple[list[Episode], dict, list[Episode]]:
+    """(episodes of the first train_batch_size kept groups, the step's data stats, every episode generated)."""
     kept = kept[: cfg.data.train_batch_size]
     stats["data/groups"] = len(kept)
     stats["data/signal_groups"] = sum(has_signal(group) for group in kept)
-    stats["data/episodes_generated"] = len(all_episodes)
-    return [ep for group in kept for ep in group], dict(stats), all_episodes
+    stats["data/episodes_generated"] = len(generated)
+    return [ep for group in kept for ep in group], dict(stats), generated
+
+
+async def collect_from_buffer(buffer: GroupBuffer, cfg: TrainConfig, step: int,
+                              trainer_version: int) -> tuple[list[Episode], dict, list[Episode]]:
+    """The async counterpart of `collect_episodes`: take `data.train_batch_size` finished groups as soon as they
+    are ready; drop (and count) the groups more than `trainer.max_staleness` versions behind `trainer_version`
+    (the weights the engine serves) and have the producer replace them; infra failures, reward errors and
+    zero-variance groups are handled as in sync mode, refills included (at most `algorithm.max_filter_rounds`
+    extra rounds). Writes every taken group to episodes.jsonl under `step`."""
+    from agentrl.agent_loop.rollout import EPISODES_FILE, write_episodes
+
+    stats: defaultdict = defaultdict(float)
+    kept: list[list[Episode]] = []
+    generated: list[Episode] = []
+    refills = cfg.algorithm.max_filter_rounds if cfg.algorithm.filter_zero_variance_groups else 0
+    wanted, rounds = cfg.data.train_batch_size, 0
+    while wanted:
+        groups = [group for _, group in await buffer.take(wanted)]
+        generated += [ep for group in groups for ep in group]
+        trainable = keep_groups(groups, cfg, stats)
+        fresh, stale = filter_stale_groups(trainable, cfg.trainer.max_staleness, trainer_version)
+        stats["data/stale_groups_dropped"] += stale
+        kept += fresh
+        refill = len(groups) - len(trainable) if refills > rounds and len(trainable) < len(groups) else 0
+        rounds += bool(refill)
+        wanted = stale + refill
+        buffer.replace(wanted)
+    stats["data/rollout_rounds"] = rounds + 1
+    if cfg.rollout.dump_episodes and generated:
+        write_episodes(Path(cfg.trainer.run_dir) / EPISODES_FILE, generated, step=step, n=cfg.rollout.n)
+    return finish_collect(kept, generated, stats, cfg)
 
 
 async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, engine, pad_token_id: int,
-                     critic=None, kl_ctrl=None, infra: InfraWatch | None = None) -> dict:
+                     critic=None, kl_ctrl=None, infra: InfraWatch | None = None,
+                     buffer: GroupBuffer | None = None) -> dict:
     """One RL step; returns its metrics, then its `timing/` seconds and `perf/` rates. `critic`: the value model's
     group when `critic.enable`; `kl_ctrl`: the reward-side KL coefficient when `algorithm.use_kl_in_reward`;
     `infra`: raises InfraFailureError after the rollout, before anything is updated, when too many episodes failed
-    for an infrastructure reason."""
+    for an infrastructure reason; `buffer`: async mode's finished groups (None: sync mode, roll out the step's
+    tasks now)."""
     timing: dict[str, float] = {}
     with timed("timing/step_s", timing):
         metrics, batch = await step_phases(step, cfg, timing, rollout=rollout, sampler=sampler, workers=workers,
                                            engine=engine, pad_token_id=pad_token_id, critic=critic, kl_ctrl=kl_ctrl,
-                                           infra=infra)
+                                           infra=infra, buffer=buffer)
     if batch is not None:
         timing.update(step_rates(timing, batch, cfg))
+    if buffer is not None:
+        buffer.step_done(step)
+        metrics.update(buffer.metrics())
     return {**metrics, **timing}
 
 
 async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, rollout, sampler, workers, engine,
-                      pad_token_id: int, critic, kl_ctrl, infra: InfraWatch | None) -> tuple[dict, TensorDict | None]:
+                      pad_token_id: int, critic, kl_ctrl, infra: InfraWatch | None,
+                      buffer: GroupBuffer | None = None) -> tuple[dict, TensorDict | None]:
     """The module docstring's pseudo-code, line by line; each phase's seconds go to `timing`. Returns (metrics,
-    the batch the update trained on), or (metrics, None) when there was nothing to train on."""
+    the batch the update trained on), or (metrics, None) when there was nothing to train on. The trainer's passes
+    run in a thread, so that in async mode the episodes in flight go on meanwhile."""
     from agentrl.agent_loop.rollout import rollout_metrics, write_train_records
 
     alg = cfg.algorithm
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0  # greedy logprobs are T=1
-    with timed("timing/rollout_s", timing):
-        episodes, data_stats, generated = await collect_episodes(rollout, sampler, cfg, step)
+    with timed("timing/rollout_s", timing):  # async mode: the wait for finished groups
+        if buffer is None:
+            episodes, data_stats, generated = await collect_episodes(rollout, sampler, cfg, step)
+        else:
+            episodes, data_stats, generated = await collect_from_buffer(buffer, cfg, step, serving_version(engine))
     if infra is not None:
         infra.check(step, generated)
     metrics = {**data_stats, **rollout_metrics(generated), **episode_metrics(episodes),
@@ -245,10 +305,12 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
         batch["old_logprobs"] = batch["rollout_logprobs"].clone()
     elif not reuse_old:
         with timed("timing/old_logprob_s", timing):
-            batch["old_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature)
+            batch["old_logprobs"], _ = await asyncio.to_thread(workers.compute_logprobs, batch,
+                                                               temperature=temperature)
     if needs_reference(cfg):
         with timed("timing/ref_logprob_s", timing):
-            batch["ref_logprobs"], _ = workers.compute_logprobs(batch, temperature=temperature, ref=True)
+            batch["ref_logprobs"], _ = await asyncio.to_thread(workers.compute_logprobs, batch,
+                                                               temperature=temperature, ref=True)
 
     mask = batch["loss_mask"]  # the rollout's: rewards and advantages live on it
     token_rewards = step_token_rewards(scores_B, batch)
@@ -259,7 +321,7 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
         metrics.update(kl_stats)
     if critic is not None:
         with timed("timing/values_s", timing):
-            batch["values"] = critic.compute_values(batch)
+            batch["values"] = await asyncio.to_thread(critic.compute_values, batch)
     estimated = estimate_advantages(token_rewards, batch, episodes, alg)
     batch.update(estimated)
     metrics.update(advantage_metrics(batch["advantages"], mask))
@@ -277,11 +339,13 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
     update_seed = cfg.trainer.seed * 1_000_003 + step
     if train_critic:
         with timed("timing/critic_update_s", timing):
-            critic_out = critic.update_critic(batch, **update_options(cfg.critic, cfg.rollout.n, update_seed))
+            critic_out = await asyncio.to_thread(critic.update_critic, batch,
+                                                 **update_options(cfg.critic, cfg.rollout.n, update_seed))
         metrics.update(prefixed("critic/", critic_out))
     with timed("timing/update_s", timing):  # reuse_old: the update also puts pi_old in batch["old_logprobs"]
-        actor_out = workers.update_policy(batch, temperature=temperature, reuse_old_logprobs=reuse_old,
-                                          **update_options(cfg.actor, cfg.rollout.n, update_seed))
+        actor_out = await asyncio.to_thread(workers.update_policy, batch, temperature=temperature,
+                                            reuse_old_logprobs=reuse_old,
+                                            **update_options(cfg.actor, cfg.rollout.n, update_seed))
     metrics.update(prefixed("actor/", actor_out))
     if not alg.rollout_correction.bypass_mode:  # reused pi_old exists only on the trained tokens
         metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
@@ -291,14 +355,31 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
         write_train_records(cfg.trainer.run_dir, step, episodes, masked_mean(batch["advantages"], mask, dim=1),
                             batch["old_logprobs"])
     with timed("timing/sync_s", timing):
-        metrics.update(await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
-                                          model_path=cfg.model.path, run_dir=cfg.trainer.run_dir, step=step))
+        metrics.update(await push_weights(workers, engine, cfg, step, during_rollout=buffer is not None))
     return metrics, batch
 
 
 TRAINER_TIMINGS = ("timing/old_logprob_s", "timing/ref_logprob_s", "timing/values_s", "timing/critic_update_s",
                    "timing/update_s")
 TRUNCATED = "length"  # Episode.finish_reason of a response cut by a length budget
+
+
+async def push_weights(workers, engine, cfg: TrainConfig, step: int, *, during_rollout: bool = False) -> dict:
+    """`sync_weights` of the policy as version `step`, within `trainer.weight_sync_timeout_s` (else
+    WeightSyncTimeoutError). `during_rollout` (async mode): episodes are in flight and go on as
+    `rollout.on_weight_update` says, instead of the engine being idle."""
+    on_running = cfg.rollout.on_weight_update if during_rollout else None
+    weights = await asyncio.to_thread(engine_weights, workers, cfg)
+    try:
+        return await asyncio.wait_for(sync_weights(weights, engine, backend=cfg.engine.backend,
+                                                   model_path=cfg.model.path, run_dir=cfg.trainer.run_dir, step=step,
+                                                   on_running=on_running), cfg.trainer.weight_sync_timeout_s)
+    except TimeoutError as e:
+        raise WeightSyncTimeoutError(
+            f"pushing step {step}'s weights to the engine (engine.backend {cfg.engine.backend}) took longer than "
+            f"trainer.weight_sync_timeout_s={cfg.trainer.weight_sync_timeout_s:g}: check that the engine is up and "
+            "not stuck (its log), or raise the timeout for a large model; the step's update is saved, rerunning "
+            "the command resumes after it") from e
 
 
 def engine_weights(workers, cfg: TrainConfig) -> dict[str, torch.Tensor]:
@@ -438,15 +519,17 @@ async def validate(val_rollout, tasks: list[Task], step: int) -> dict[str, float
     return {**metrics, **timing}
 
 
-def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, *, critic=None,
+def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler | GroupBuffer, step: int, *, critic=None,
                     kl_ctrl=None) -> Path:
     """Sharded weights and optimizer (policy, and critic when there is one), driver state (step, sampler,
-    reward-KL coefficient), the config and the model's HF files (layout: checkpoint.py)."""
+    reward-KL coefficient), the config and the model's HF files (layout: checkpoint.py). In async mode `sampler`
+    is the GroupBuffer: the position saved is that of the oldest group not trained yet (`sampler_state`)."""
     tmp = begin_checkpoint(cfg.trainer.run_dir, step)
     workers.save_checkpoint(tmp)
     if critic is not None:
         critic.save_checkpoint(tmp)
-    driver = {"step": step, "sampler": sampler.state_dict()}
+    position = sampler.sampler_state() if isinstance(sampler, GroupBuffer) else sampler.state_dict()
+    driver = {"step": step, "sampler": position}
     if kl_ctrl is not None:
         driver["kl_ctrl"] = kl_ctrl.state_dict()
     save_driver_state(tmp, driver)
@@ -457,7 +540,7 @@ def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, 
     return final
 
 
-def save_stop_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler, step: int, *, critic=None,
+def save_stop_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler | GroupBuffer, step: int, *, critic=None,
                          kl_ctrl=None) -> int | None:
     """After an infrastructure stop: the step a rerun resumes after, `step` (the last one completed), saving its
     checkpoint unless run_dir has one; None when no step was completed."""
@@ -525,6 +608,22 @@ def restore_checkpoint(checkpoint: Path, workers, sampler: TaskSampler, *, criti
         kl_ctrl.load_state_dict(driver["kl_ctrl"])
 
 
+async def start_buffer(cfg: TrainConfig, rollout, sampler: TaskSampler, trained_steps: int,
+                       resources: contextlib.AsyncExitStack) -> GroupBuffer | None:
+    """Async mode: the producer of finished groups, started now and cancelled when the run ends (its episodes in
+    flight and buffered are lost: a resume regenerates them from the checkpoint's sampler position). Sync mode:
+    None."""
+    if cfg.trainer.mode == "sync":
+        return None
+    buffer = GroupBuffer(rollout, sampler, groups_per_step=cfg.data.train_batch_size,
+                         max_staleness=cfg.trainer.max_staleness, max_episodes=cfg.rollout.max_concurrent_episodes,
+                         group_size=cfg.rollout.n, trained_steps=trained_steps,
+                         total_steps=cfg.trainer.total_steps)
+    resources.push_async_callback(buffer.close)
+    buffer.start()
+    return buffer
+
+
 async def run(cfg: TrainConfig) -> dict[str, float]:
     """Train; returns the metrics of the last step this call ran ({} when the run was already complete).
     Resumes from `trainer.resume` (default: latest checkpoint). Everything it opens (Ray when it started it, the
@@ -582,22 +681,26 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
                 logger.log(0, await validate(val_rollout, val_tasks, 0))
             metrics: dict[str, float] = {}
             infra = InfraWatch(InfraLimits.of(cfg.trainer), services={b.name: b.where for b in tools.backends})
+            buffer = await start_buffer(cfg, rollout, sampler, start.step, resources)  # None: sync mode
+            position = sampler if buffer is None else buffer  # what a checkpoint saves the sampler's position of
             for step in range(start.step + 1, cfg.trainer.total_steps + 1):
                 sampler_at_start = sampler.state_dict()
                 try:
                     metrics = await train_step(step, cfg, rollout=rollout, sampler=sampler, workers=workers,
                                                engine=engine, pad_token_id=pad_token_id, critic=critic,
-                                               kl_ctrl=kl_ctrl, infra=infra)
-                except InfraFailureError as stop:  # raised before the step's update: keep the run as it was
-                    sampler.load_state_dict(sampler_at_start)
-                    done = save_stop_checkpoint(cfg, workers, sampler, step - 1, critic=critic, kl_ctrl=kl_ctrl)
+                                               kl_ctrl=kl_ctrl, infra=infra, buffer=buffer)
+                except InfraFailureError as stop:  # before the step's update (a weight push: after it)
+                    done = step if isinstance(stop, WeightSyncTimeoutError) else step - 1
+                    if buffer is None and done < step:
+                        sampler.load_state_dict(sampler_at_start)
+                    done = save_stop_checkpoint(cfg, workers, position, done, critic=critic, kl_ctrl=kl_ctrl)
                     raise resume_hint(stop, done, run_dir, auto=cfg.trainer.resume == "auto") from stop
                 last = step == cfg.trainer.total_steps
                 if val_tasks and cfg.trainer.test_freq and (step % cfg.trainer.test_freq == 0 or last):
                     metrics.update(await validate(val_rollout, val_tasks, step))
                 if cfg.trainer.save_freq and (step % cfg.trainer.save_freq == 0 or last):
                     with timed("timing/save_s", metrics):
-                        save_checkpoint(cfg, workers, sampler, step, critic=critic, kl_ctrl=kl_ctrl)
+                        save_checkpoint(cfg, workers, position, step, critic=critic, kl_ctrl=kl_ctrl)
                 logger.log(step, metrics)
             if cfg.trainer.save_hf_model:
                 # Loadable with AutoModelForCausalLM / `agentrl eval --model`, like any other HF model dir.

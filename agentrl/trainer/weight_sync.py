@@ -182,18 +182,29 @@ class SharedStateDict:
 
 
 async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: str, model_path: str,
-                       run_dir: str | Path, step: int) -> dict[str, float]:
+                       run_dir: str | Path, step: int, on_running: str | None = None) -> dict[str, float]:
     """Send `state_dict` (from `WorkerGroup.full_state_dict()`) to `engine` as weight version `step` (the step
-    whose update made them: tokens sampled with them record it); returns timing metrics."""
+    whose update made them: tokens sampled with them record it); returns timing metrics. `on_running` (async
+    mode; None: the engine is idle): what happens to requests in flight, "continue" (they go on under the new
+    weights; SGLang servers are paused in place around the load) or "abort" (they end with finish_reason
+    "abort")."""
     t0 = time.perf_counter()
     if backend == "local":
-        await engine.update_weights(state_dict, version=step)
+        options = {} if on_running is None else {"on_running": on_running}
+        await engine.update_weights(state_dict, version=step, **options)
         return {"timing/weight_push_s": time.perf_counter() - t0}
     if backend == "sglang":
         root = Path(run_dir) / "weights"
         path = write_hf_checkpoint(state_dict, model_path, root / f"step_{step:06d}")
         t1 = time.perf_counter()
-        await engine.update_weights(str(path.resolve()), version=step)
+        if on_running == "continue":
+            await engine.pause_generation("in_place")
+        try:
+            abort = {"abort_in_flight": True} if on_running == "abort" else {}
+            await engine.update_weights(str(path.resolve()), version=step, **abort)
+        finally:
+            if on_running == "continue":
+                await engine.continue_generation()
         for old in root.glob("step_*"):
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
