@@ -14,9 +14,10 @@ Stop conditions (`Episode.finish_reason`, with the precise cause in `metrics["st
   `max_response_tokens` ("response_budget"), the context window ("context_window"), or the next observation
   would overflow either ("observation_overflow": the episode stops before appending it);
 - "timeout": the episode ran past `episode_timeout_s`; `infra_error` is `timeout_is_infra_error` (default True);
-- "infra_error": an engine fault (EngineError, aborted request), a prompt that does not fit the context window,
-  or a tool infrastructure fault (ToolResult.infra_error: service unreachable after the registry's retries,
-  timeout, 5xx, sandbox down). The episode ends at once and is dropped from training.
+- "infra_error": an engine fault (EngineError, aborted request: a turn aborted by a weight update is resampled
+  from the same context instead, up to `MAX_TURN_RESTARTS` times, counted as `turn_restarts`), a prompt that
+  does not fit the context window, or a tool infrastructure fault (ToolResult.infra_error: service unreachable
+  after the registry's retries, timeout, 5xx, sandbox down). The episode ends at once and is dropped from training.
 Policy mistakes (malformed JSON, unknown tool, bad arguments, a tool that raised, more calls than
 `max_parallel_calls`) become error observations the model reads, and are counted in the metrics.
 """
@@ -44,6 +45,7 @@ from agentrl.types import Episode, Generation, SamplingParams, Task, ToolCall
 
 log = logging.getLogger(__name__)
 
+MAX_TURN_RESTARTS = 3  # a turn aborted by more weight updates in a row than this makes the episode an infra error
 CALL_FORMAT_HINT = 'Write each call as <tool_call>\n{"name": "<tool name>", "arguments": {<arguments>}}\n</tool_call>.'
 
 
@@ -95,6 +97,10 @@ class _State:
 
     def count(self, key: str, n: int = 1) -> None:
         self.metrics[key] = self.metrics.get(key, 0) + n
+
+
+def _aborted_by_weight_update(gen: Generation) -> bool:
+    return gen.finish_reason == "abort" and gen.metrics.get("aborted_by") == "weight_update"
 
 
 def generation_eos_ids(tokenizer) -> list[int]:
@@ -283,7 +289,29 @@ class ToolAgentLoop:
         return self.max_model_len is None or len(state.prompt_ids) + len(state.response_ids) + n <= self.max_model_len
 
     async def _sample(self, state: _State, params: SamplingParams, session_id: str):
-        """One engine call; None (with the episode finished) on an engine fault or a full context."""
+        """One model turn; None (with the episode finished) on an engine fault or a full context.
+
+        A turn the engine aborted because new weights arrived (`rollout.on_weight_update: abort`,
+        `Generation.metrics["aborted_by"] == "weight_update"`) is sampled again from the same context: its tokens
+        are dropped, never appended, so every policy token of the episode comes from one complete sampling. Other
+        aborts (`Engine.abort`, an episode cancelled, a server shutting down) stay engine faults."""
+        for restarts in range(MAX_TURN_RESTARTS + 1):
+            gen = await self._call_engine(state, params, session_id)
+            if gen is None or not _aborted_by_weight_update(gen) or restarts == MAX_TURN_RESTARTS:
+                break
+            state.turns[-1]["restarted"] = True
+            state.count("turn_restarts")
+        if gen is None:
+            return None
+        problem = self._check_generation(gen)
+        if problem:
+            state.metrics["infra_detail"] = f"engine: {problem}"
+            state.finish("infra_error", "engine_error", infra=True)
+            return None
+        return gen
+
+    async def _call_engine(self, state: _State, params: SamplingParams, session_id: str):
+        """One engine call, recorded in `state.turns`; None (with the episode finished) when it raised."""
         t0 = time.monotonic()
         state.phase = "engine"
         record = {"params": asdict(params), "input_tokens": len(state.prompt_ids) + len(state.response_ids)}
@@ -305,11 +333,6 @@ class ToolAgentLoop:
             state.metrics["engine_s"] += time.monotonic() - t0
         record.update(tokens=len(gen.token_ids), finish_reason=gen.finish_reason,
                       weight_version=gen.metrics.get("weight_version"))
-        problem = self._check_generation(gen)
-        if problem:
-            state.metrics["infra_detail"] = f"engine: {problem}"
-            state.finish("infra_error", "engine_error", infra=True)
-            return None
         return gen
 
     async def _generate(self, ids: list[int], params: SamplingParams, session_id: str):
@@ -318,8 +341,11 @@ class ToolAgentLoop:
         return await self.engine.generate(ids, params)
 
     def _check_generation(self, gen) -> str | None:
+        if _aborted_by_weight_update(gen):
+            return (f"the turn was aborted by {MAX_TURN_RESTARTS + 1} weight updates in a row "
+                    "(rollout.on_weight_update: abort); use `continue`, or push weights less often")
         if gen.finish_reason == "abort":
-            return "the request was aborted (engine shutting down or weights being updated)"
+            return "the request was aborted (engine shutting down, request cancelled or generation paused)"
         if not gen.token_ids:
             return f"no tokens returned (finish_reason {gen.finish_reason!r})"
         if len(gen.token_ids) != len(gen.logprobs):

@@ -280,7 +280,7 @@ class LocalEngine:
             in_flight = len(self._by_id)
         with self._step_lock:  # the step in progress, if any, ends before pause returns
             if mode == "abort":
-                self._abort_in_flight(waiting_too=True)
+                self._abort_in_flight("pause", waiting_too=True)
             elif mode == "retract":
                 self._retract_running()
             self._post_finished()
@@ -299,9 +299,9 @@ class LocalEngine:
         `on_running` says what happens to rows decoding when the weights change. "continue": each row is
         retracted and re-prefilled (prompt + tokens so far) under the new weights, then decodes on; its earlier
         tokens keep their old version in `Generation.weight_versions`. "abort": the rows finish now with
-        finish_reason "abort" and the tokens so far, so the caller can restart the turn. Waiting requests start
-        on the new weights either way. `version` numbers the new weights (the trainer passes the step that made
-        them, so versions survive a resume); None: the previous version + 1.
+        finish_reason "abort", the tokens so far and `metrics["aborted_by"] = "weight_update"`, so the caller can
+        restart the turn. Waiting requests start on the new weights either way. `version` numbers the new weights
+        (the trainer passes the step that made them, so versions survive a resume); None: the previous version + 1.
         """
         await asyncio.to_thread(self.update_weights_sync, weights, on_running=on_running, version=version)
 
@@ -329,7 +329,7 @@ class LocalEngine:
                                  f"{tuple(own[name].shape)}")
         with self._step_lock, torch.no_grad():
             if on_running == "abort":  # before the swap, so each aborted request reports the version it ran on
-                self._abort_in_flight()
+                self._abort_in_flight("weight_update")
                 self._post_finished()
             else:
                 self._retract_running()
@@ -353,9 +353,10 @@ class LocalEngine:
             self._waiting.extendleft(reversed(retracted))
         self.stats["retracted"] += len(retracted)
 
-    def _abort_in_flight(self, waiting_too: bool = False) -> None:
-        """Finish every running request and every retracted one (tokens so far) with "abort"; requests not yet
-        started stay queued unless `waiting_too`. Call under the step lock."""
+    def _abort_in_flight(self, by: str, waiting_too: bool = False) -> None:
+        """Finish every running request and every retracted one (tokens so far) with "abort", `by` naming the cause
+        (`Generation.metrics["aborted_by"]`); requests not yet started stay queued unless `waiting_too`. Call under
+        the step lock."""
         with self._cv:
             retracted = [r for r in self._waiting if r.out_ids or waiting_too]
             self._waiting = deque(r for r in self._waiting if not (r.out_ids or waiting_too))
@@ -363,7 +364,7 @@ class LocalEngine:
         if running:
             self._batch.drop(list(range(len(running))))
         for r in [*running, *retracted]:
-            self._finish(r, "abort")
+            self._finish(r, "abort", aborted_by=by)
 
     def _load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
         from transformers import AutoModelForCausalLM
@@ -424,14 +425,14 @@ class LocalEngine:
             if aborted_waiting:
                 self._waiting = deque(r for r in self._waiting if not r.aborted)
         for r in aborted_waiting:
-            self._finish(r, "abort")
+            self._finish(r, "abort", aborted_by="request")
         aborted = [i for i, r in enumerate(self._running) if r.aborted]
         if aborted:
             finished = [self._running[i] for i in aborted]
             order = self._batch.drop(aborted)
             self._running = [self._running[i] for i in order]
             for r in finished:
-                self._finish(r, "abort")
+                self._finish(r, "abort", aborted_by="request")
 
     def _admit(self) -> None:
         budget = self.config.max_prefill_tokens
@@ -573,7 +574,10 @@ class LocalEngine:
         text = self.tokenizer.decode(tail, skip_special_tokens=False)
         return next((s for s in r.params.stop if s and s in text), None)
 
-    def _finish(self, r: _Request, reason: str) -> None:
+    def _finish(self, r: _Request, reason: str, *, aborted_by: str | None = None) -> None:
+        """Queue `r`'s Generation for `_post_finished`. An aborted request says why in `metrics["aborted_by"]`:
+        "request" (`abort`, `abort_all`, a cancelled caller), "pause" (`pause("abort")`) or "weight_update"
+        (`update_weights(on_running="abort")`: the agent loop restarts the turn)."""
         r.finished = True
         now = time.perf_counter()
         gen = Generation(
@@ -588,6 +592,8 @@ class LocalEngine:
                 "matched_stop": r.matched_stop,  # the stop token id or stop string that ended a "stop" request
             },
         )
+        if aborted_by is not None:
+            gen.metrics["aborted_by"] = aborted_by
         with self._cv:
             self._by_id.pop(r.rid, None)
         self._finished.append((r, gen))

@@ -96,6 +96,8 @@ async def test_abort_mode_returns_the_tokens_so_far_and_waiting_requests_start_o
         assert running.finish_reason == "abort"
         assert running.token_ids == before.token_ids[:4] and running.weight_versions == [0] * 4
         assert running.metrics["weight_version"] == 0  # it never ran on the new weights
+        assert running.metrics["aborted_by"] == "weight_update"  # what tells the agent loop to restart the turn
+        assert "aborted_by" not in waiting.metrics
         assert waiting.finish_reason == "length"
         assert waiting.token_ids == [forced] * 12 and waiting.weight_versions == [1] * 12
     finally:
@@ -130,6 +132,7 @@ async def test_pause_holds_new_requests_and_abort_pause_returns_partial_output(e
     engine.step_hook = pause_abort
     partial = await engine.generate(PROMPT, GREEDY)
     assert partial.finish_reason == "abort" and partial.token_ids == before.token_ids[:3]
+    assert partial.metrics["aborted_by"] == "pause"
     assert engine.paused
 
     # submitted while paused: nothing is sampled until resume, so every token is the new weights'

@@ -212,6 +212,7 @@ async def test_queue_bound_abort_and_cancel(tiny_model_dir):
         assert eng.abort("a") is True
         g = await first
         assert g.finish_reason == "abort" and len(g.token_ids) < 400
+        assert g.metrics["aborted_by"] == "request"  # not a weight update: the agent loop does not restart it
         assert eng.abort("a") is False
         # cancelling the awaiting task frees the slot for the next request
         task = asyncio.create_task(eng.generate([8, 9], sp))
