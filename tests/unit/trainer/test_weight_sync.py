@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 import torch
 
+from agentrl.config import load_config
+from agentrl.errors import InfraFailureError, WeightSyncTimeoutError, one_line
 from agentrl.trainer.batch import episodes_to_batch
-from agentrl.trainer.config import ActorConfig, ModelConfig
+from agentrl.trainer.config import ActorConfig, ModelConfig, TrainConfig
+from agentrl.trainer.loop import push_weights
 from agentrl.trainer.metrics import drift_metrics
 from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
 from agentrl.trainer.worker import WorkerGroup
@@ -80,6 +84,36 @@ def test_hf_checkpoint_stores_tied_weights_once_and_loads(tiny_model_dir, tmp_pa
 
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="weight sync supports"):
-        import asyncio
-
         asyncio.run(sync_weights({}, None, backend="vllm", model_path="", run_dir=".", step=0))
+
+
+class _StuckEngine:
+    """An engine whose weight update never finishes (a hung server), recording what it was asked."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    async def update_weights(self, weights, *, version: int, on_running: str = "continue") -> None:
+        self.calls.append({"version": version, "on_running": on_running})
+        await asyncio.Event().wait()  # nothing ever sets it
+
+
+class _Workers:
+    def engine_state_dict(self) -> dict:
+        return {"w": torch.zeros(1)}
+
+
+@pytest.mark.parametrize("during_rollout", [False, True])
+async def test_a_weight_push_that_never_finishes_stops_with_one_line_naming_the_timeout(during_rollout, tmp_path):
+    cfg = load_config(TrainConfig, overrides=["trainer.weight_sync_timeout_s=0.01", f"trainer.run_dir={tmp_path}",
+                                              "rollout.on_weight_update=abort"])
+    engine = _StuckEngine()
+    with pytest.raises(WeightSyncTimeoutError) as caught:
+        await push_weights(_Workers(), engine, cfg, 7, during_rollout=during_rollout)
+    message = str(caught.value)
+    assert isinstance(caught.value, InfraFailureError)  # the CLI prints it as one `error:` line, exit code 3
+    assert one_line(message) == message
+    assert "step 7" in message and "engine.backend local" in message
+    assert "trainer.weight_sync_timeout_s=0.01" in message and "raise the timeout" in message
+    # async mode passes rollout.on_weight_update to the engine; sync mode pushes to an idle engine
+    assert engine.calls == [{"version": 7, "on_running": "abort" if during_rollout else "continue"}]
