@@ -34,6 +34,7 @@ BENCH_MODULES: dict[str, str] = {
     "sandbox": "sandbox.bench",
     "train": "agentrl.trainer.bench",
     "step": "agentrl.trainer.step_bench",
+    "async": "agentrl.trainer.async_bench",
     "view": "agentrl.viewer.bench",
 }
 
