@@ -20,20 +20,30 @@ from agentrl.trainer.console import CONSOLE_FIELDS_TEXT  # standard library only
 CONSOLE_FIELDS_EPILOG = CONSOLE_FIELDS_TEXT
 
 
-def _train(args: argparse.Namespace) -> int:
+def _prepared(args: argparse.Namespace, config_cls, check, ready: str):
+    """The config of `agentrl train|sft CONFIG [overrides]`, checked (`check`) before any heavy start-up; None when
+    the command ends here (`--print-config` printed it, `--check` passed and says `ready`)."""
     import yaml
 
     from agentrl.config import load_config, to_dict
+
+    cfg = load_config(config_cls, args.config, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return None
+    check(cfg)
+    if args.check:
+        print(f"ok: {args.config} is ready {ready}")
+        return None
+    return cfg
+
+
+def _train(args: argparse.Namespace) -> int:
     from agentrl.preflight import check_train
     from agentrl.trainer.config import TrainConfig
 
-    cfg = load_config(TrainConfig, args.config, args.overrides)
-    if args.print_config:
-        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-        return 0
-    check_train(cfg)
-    if args.check:
-        print(f"ok: {args.config} is ready to train (model, data, rewards, tools, loggers checked)")
+    cfg = _prepared(args, TrainConfig, check_train, "to train (model, data, rewards, tools, loggers checked)")
+    if cfg is None:
         return 0
     from agentrl.trainer.loop import train
 
@@ -48,21 +58,12 @@ def _train(args: argparse.Namespace) -> int:
 # `agentrl sft CONFIG`: supervised fine-tuning (`agentrl.trainer.sft`). This module's docstring is `agentrl train
 # --help`, so the command is described here.
 def _sft(args: argparse.Namespace) -> int:
-    import yaml
-
-    from agentrl.config import load_config, to_dict
     from agentrl.preflight import check_sft
     from agentrl.trainer.sft import SFTConfig, run_sft
 
-    cfg = load_config(SFTConfig, args.config, args.overrides)
-    if args.print_config:
-        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-        return 0
-    check_sft(cfg)
-    if args.check:
-        print(f"ok: {args.config} is ready for SFT (model and demonstration rows checked)")
-        return 0
-    run_sft(cfg)
+    cfg = _prepared(args, SFTConfig, check_sft, "for SFT (model and demonstration rows checked)")
+    if cfg is not None:
+        run_sft(cfg)
     return 0
 
 
