@@ -15,6 +15,11 @@ Group g (counted from 0 over the whole run) is named `step{s}-0-task{i}` with s 
 i = g % train_batch_size, the uid sync mode gives the same task: sampling seeds derive from it, so the same group
 samples the same tokens in both modes.
 
+Replacement groups take the next indices, so after a drop a step's groups carry the names of later ones. A
+checkpoint records (`checkpoint_state`) the index of the oldest group not trained and the replacements granted,
+and a resumed buffer (`resume_from`) submits from that index again: the regenerated groups get the names and
+sampler draws of the groups they replace, as in the run that was stopped.
+
 The budget counts the trainer's finished steps (`step_done`). Idle time is
 measured on both sides: the trainer waiting in `take` (`async/trainer_wait_s`), and the engine with no episode in
 flight because the budget is spent (`async/engine_wait_s`, the rollout side waiting for new weights).
@@ -33,12 +38,14 @@ class GroupBuffer:
     submission order for `take`. Start with `start()`, stop with `close()` (cancels the groups in flight)."""
 
     def __init__(self, rollout, sampler, *, groups_per_step: int, max_staleness: int, max_episodes: int,
-                 group_size: int, trained_steps: int, total_steps: int):
+                 group_size: int, trained_steps: int, total_steps: int, resume_from: dict | None = None):
         self.rollout, self.sampler = rollout, sampler
         self.groups_per_step, self.max_staleness = groups_per_step, max_staleness
         self.trained_steps, self.total_steps = trained_steps, total_steps
         self.submitted = trained_steps * groups_per_step  # groups before this run's first step were trained earlier
         self.extra = 0  # replacements for groups the trainer dropped
+        if resume_from is not None:  # a checkpoint's `checkpoint_state`: the first group not trained, drops counted
+            self.submitted, self.extra = resume_from["next_group"], resume_from["extra"]
         self.slots = asyncio.Semaphore(max_episodes)
         self.max_groups_in_flight = max(1, max_episodes // group_size)
         self.in_flight: set[asyncio.Task] = set()
@@ -93,6 +100,12 @@ class GroupBuffer:
         already trained are drawn again too: at most (max_staleness + 1) * train_batch_size of them."""
         pending = {**self.sampler_at, **self.untrained}
         return pending[min(pending)] if pending else self.sampler.state_dict()
+
+    def checkpoint_state(self) -> dict:
+        """What a resumed buffer needs besides the sampler's position (`resume_from`): the index of the group
+        drawn at that position, and the replacements granted so far (the budget counts them)."""
+        pending = {**self.sampler_at, **self.untrained}
+        return {"next_group": min(pending) if pending else self.submitted, "extra": self.extra}
 
     def metrics(self) -> dict[str, float]:
         """Buffer and idle figures since the last call (the idle seconds reset)."""

@@ -523,13 +523,16 @@ def save_checkpoint(cfg: TrainConfig, workers, sampler: TaskSampler | GroupBuffe
                     kl_ctrl=None) -> Path:
     """Sharded weights and optimizer (policy, and critic when there is one), driver state (step, sampler,
     reward-KL coefficient), the config and the model's HF files (layout: checkpoint.py). In async mode `sampler`
-    is the GroupBuffer: the position saved is that of the oldest group not trained yet (`sampler_state`)."""
+    is the GroupBuffer: the position saved is that of the oldest group not trained yet (`sampler_state`), with
+    that group's index (`checkpoint_state`)."""
     tmp = begin_checkpoint(cfg.trainer.run_dir, step)
     workers.save_checkpoint(tmp)
     if critic is not None:
         critic.save_checkpoint(tmp)
-    position = sampler.sampler_state() if isinstance(sampler, GroupBuffer) else sampler.state_dict()
-    driver = {"step": step, "sampler": position}
+    if isinstance(sampler, GroupBuffer):
+        driver = {"step": step, "sampler": sampler.sampler_state(), "groups": sampler.checkpoint_state()}
+    else:
+        driver = {"step": step, "sampler": sampler.state_dict()}
     if kl_ctrl is not None:
         driver["kl_ctrl"] = kl_ctrl.state_dict()
     save_driver_state(tmp, driver)
@@ -596,9 +599,11 @@ async def open_trainer(cfg: TrainConfig, resources: contextlib.AsyncExitStack) -
     return workers, critic, engine, tools
 
 
-def restore_checkpoint(checkpoint: Path, workers, sampler: TaskSampler, *, critic=None, kl_ctrl=None) -> None:
+def restore_checkpoint(checkpoint: Path, workers, sampler: TaskSampler, *, critic=None,
+                       kl_ctrl=None) -> dict | None:
     """Load a checkpoint's policy (and critic) weights and optimizers, the sampler's position and the reward-KL
-    coefficient (absent when the checkpoint's run had no reward KL)."""
+    coefficient (absent when the checkpoint's run had no reward KL). Returns the async buffer's state
+    (`GroupBuffer.checkpoint_state`; None when the checkpoint's run was in sync mode)."""
     workers.load_checkpoint(checkpoint)
     if critic is not None:
         critic.load_checkpoint(checkpoint)
@@ -606,19 +611,20 @@ def restore_checkpoint(checkpoint: Path, workers, sampler: TaskSampler, *, criti
     sampler.load_state_dict(driver["sampler"])
     if kl_ctrl is not None and "kl_ctrl" in driver:
         kl_ctrl.load_state_dict(driver["kl_ctrl"])
+    return driver.get("groups")
 
 
 async def start_buffer(cfg: TrainConfig, rollout, sampler: TaskSampler, trained_steps: int,
-                       resources: contextlib.AsyncExitStack) -> GroupBuffer | None:
+                       resources: contextlib.AsyncExitStack, resume_from: dict | None = None) -> GroupBuffer | None:
     """Async mode: the producer of finished groups, started now and cancelled when the run ends (its episodes in
-    flight and buffered are lost: a resume regenerates them from the checkpoint's sampler position). Sync mode:
-    None."""
+    flight and buffered are lost: a resume regenerates them from the checkpoint's sampler position, under the
+    group indices `resume_from` names). Sync mode: None."""
     if cfg.trainer.mode == "sync":
         return None
     buffer = GroupBuffer(rollout, sampler, groups_per_step=cfg.data.train_batch_size,
                          max_staleness=cfg.trainer.max_staleness, max_episodes=cfg.rollout.max_concurrent_episodes,
                          group_size=cfg.rollout.n, trained_steps=trained_steps,
-                         total_steps=cfg.trainer.total_steps)
+                         total_steps=cfg.trainer.total_steps, resume_from=resume_from)
     resources.push_async_callback(buffer.close)
     buffer.start()
     return buffer
@@ -673,15 +679,16 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
                                    total_steps=cfg.trainer.total_steps, resumed_from=start.step)
             resources.callback(logger.close)
 
+            groups = None  # the async buffer's state in the checkpoint
             if start.checkpoint is not None:
-                restore_checkpoint(start.checkpoint, workers, sampler, critic=critic, kl_ctrl=kl_ctrl)
+                groups = restore_checkpoint(start.checkpoint, workers, sampler, critic=critic, kl_ctrl=kl_ctrl)
                 await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
                                    model_path=cfg.model.path, run_dir=run_dir, step=start.step)
             if val_tasks and cfg.trainer.test_freq and start.step == 0:
                 logger.log(0, await validate(val_rollout, val_tasks, 0))
             metrics: dict[str, float] = {}
             infra = InfraWatch(InfraLimits.of(cfg.trainer), services={b.name: b.where for b in tools.backends})
-            buffer = await start_buffer(cfg, rollout, sampler, start.step, resources)  # None: sync mode
+            buffer = await start_buffer(cfg, rollout, sampler, start.step, resources, groups)  # None: sync mode
             position = sampler if buffer is None else buffer  # what a checkpoint saves the sampler's position of
             for step in range(start.step + 1, cfg.trainer.total_steps + 1):
                 sampler_at_start = sampler.state_dict()

@@ -1,5 +1,8 @@
 """Async training (`trainer.mode: async`) at max_staleness 0 trains exactly what sync mode trains: the same
-episodes token for token, the same losses, the same final weights; and its producer metrics are logged."""
+episodes token for token and the same losses (to float rounding: the engine decodes a group with other groups
+than sync mode's batch does, so logprobs differ in the last bits, and the TIS weights with them); its producer
+metrics are logged. At max_staleness 1 every token's version is within the bound or its group was dropped and
+counted, and a resumed run trains every step once."""
 
 from __future__ import annotations
 
@@ -55,3 +58,46 @@ def test_async_at_staleness_0_trains_the_batches_sync_trains(ray_session, tiny_m
         assert got["rollout/staleness_max"] == 0 and got["data/stale_groups_dropped"] == 0
         for key in ("async/buffer_groups", "async/trainer_wait_s", "async/engine_wait_s"):
             assert key in got, key
+
+
+def versions_of(row: dict) -> list[int]:
+    return [v for v, m in zip(row["response_versions"], row["response_mask"]) if m]
+
+
+def test_async_at_staleness_1_stays_within_the_bound_and_resumes(ray_session, tiny_model_dir, calc_tasks,
+                                                                  tmp_path, capsys):
+    from agentrl.trainer.loop import train
+
+    run = tmp_path / "run"
+    extra = ("trainer.mode=async", "trainer.max_staleness=1", "trainer.save_freq=1", "trainer.keep_checkpoints=3",
+             "rollout.max_concurrent_episodes=16")
+    train(config(tiny_model_dir, calc_tasks, run, *extra))
+    uninterrupted = read_metrics(run)
+    assert [r["step"] for r in uninterrupted] == [1, 2, 3]
+    # Resume after step 1: steps 2 and 3 are trained again and recorded once, in place of the first run's.
+    train(config(tiny_model_dir, calc_tasks, run, *extra, f"trainer.resume={run / 'checkpoints' / 'step_000001'}"))
+    assert "resuming after step 1 from " in capsys.readouterr().out
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0] == uninterrupted[0]
+    episodes = episode_rows(run)
+    assert sorted({e["step"] for e in episodes}) == [1, 2, 3]
+    for row in rows:
+        step_eps = [e for e in episodes if e["step"] == row["step"]]
+        assert len(step_eps) == row["data/episodes_generated"] == row["rollout/episodes"]
+        groups: dict[str, list[int]] = {}
+        for e in step_eps:
+            groups.setdefault(e["uid"], []).extend(versions_of(e))
+        assert len(set(groups)) == len(step_eps) // 4  # rollout.n episodes per uid: no group twice
+        # Weights of step s - 1 were the newest the engine had; a group more than 1 version older was dropped.
+        trainer_version = row["step"] - 1
+        assert all(max(v) <= trainer_version for v in groups.values() if v)
+        stale = sum(1 for v in groups.values() if v and min(v) < trainer_version - 1)
+        assert stale == row["data/stale_groups_dropped"]
+        assert row["data/groups"] == 2 and len(groups) == 2 + stale
+        for e in step_eps:
+            assert versions_of(e) == sorted(versions_of(e))  # a turn spanning an update goes on with newer weights
+            assert all(v == -1 for v, m in zip(e["response_versions"], e["response_mask"]) if not m)
+        if not stale:
+            assert row["rollout/staleness_max"] <= 1
+        assert row["async/trainer_wait_s"] >= 0 and row["async/engine_wait_s"] >= 0

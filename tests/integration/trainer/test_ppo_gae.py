@@ -115,3 +115,22 @@ def test_each_estimator_runs_a_step(ray_session, tiny_model_dir, calc_tasks, tmp
         assert "drift/abs_mean" not in metrics  # pi_old is the rollout policy: nothing recomputed
     else:
         assert "drift/abs_mean" in metrics
+
+
+def test_ppo_gae_trains_in_async_mode(ray_session, tiny_model_dir, calc_tasks, tmp_path):
+    """PPO + GAE off-policy: the critic's values are computed when the trainer takes the episodes (with the
+    critic's weights of that step, however old the episodes), the loss corrected with token-level TIS."""
+    from agentrl.trainer.loop import train
+
+    run = tmp_path / "run"
+    train(ppo_config(tiny_model_dir, calc_tasks, run, "trainer.mode=async", "trainer.max_staleness=1",
+                     "trainer.total_steps=3", "trainer.save_freq=0", "algorithm.rollout_correction.level=token"))
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        for key in ("critic/vf_loss", "critic/values_mean", "rollout_corr/weight_mean", "async/trainer_wait_s",
+                    "rollout/staleness_mean"):
+            assert key in row, key
+        assert row["critic/grad_norm"] > 0 and row["actor/grad_norm"] > 0
+        assert row["rollout/staleness_max"] <= 1 and row["data/groups"] == 4
+    assert rows[2]["critic/values_mean"] != rows[0]["critic/values_mean"]

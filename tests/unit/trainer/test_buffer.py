@@ -17,10 +17,12 @@ class GatedRollout:
 
     def __init__(self):
         self.started: list[str] = []
+        self.drawn: list[str] = []  # the task of each started group
         self.release: dict[str, asyncio.Event] = {}
 
     async def generate_group(self, task: Task, *, uid: str, slots: asyncio.Semaphore) -> list[Episode]:
         self.started.append(uid)
+        self.drawn.append(task.task_id)
         self.release[uid] = asyncio.Event()
         await self.release[uid].wait()
         return [Episode(uid=uid, prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-1.0],
@@ -77,5 +79,41 @@ async def test_a_failed_group_reaches_the_trainer():
     try:
         with pytest.raises(RuntimeError, match="reward function raised in step1-0-task"):
             await buffer.take(2)
+    finally:
+        await buffer.close()
+
+
+async def test_a_resume_after_a_drop_regenerates_the_groups_under_their_names():
+    def new_buffer(rollout, sampler, resume_from=None):
+        return GroupBuffer(rollout, sampler, groups_per_step=2, max_staleness=1, max_episodes=64, group_size=1,
+                           trained_steps=1 if resume_from else 0, total_steps=3, resume_from=resume_from)
+
+    rollout, sampler = GatedRollout(), TaskSampler(tasks(10), 2, shuffle=False, seed=0)
+    buffer = new_buffer(rollout, sampler)
+    buffer.start()
+    try:
+        await settle()
+        for uid in ("step1-0-task0", "step1-0-task1", "step2-0-task0"):
+            rollout.release[uid].set()
+        await buffer.take(2)
+        buffer.replace(1)  # the trainer dropped one of them: group 2 takes its place in step 1
+        assert [index for index, _ in await buffer.take(1)] == [2]
+        buffer.step_done(1)
+        await settle()
+        state, position = buffer.checkpoint_state(), buffer.sampler_state()
+        assert state == {"next_group": 3, "extra": 1} and position == {"epoch": 0, "index": 3}
+        stopped_run = list(zip(rollout.started, rollout.drawn))[3:]
+    finally:
+        await buffer.close()
+
+    resumed, sampler = GatedRollout(), TaskSampler(tasks(10), 2, shuffle=False, seed=0)
+    sampler.load_state_dict(position)
+    buffer = new_buffer(resumed, sampler, resume_from=state)
+    buffer.start()
+    try:
+        await settle()
+        assert list(zip(resumed.started, resumed.drawn)) == stopped_run
+        assert stopped_run[0] == ("step2-0-task1", "t3")  # group 3: a name and a task as before the stop
+        assert buffer.budget() == 2 * 3 + 1  # the budget counts the replacement granted before the stop
     finally:
         await buffer.close()
