@@ -1,4 +1,5 @@
-"""`agentrl quickstart [--suites NAMES] [--smoke] [--set KEY=VALUE ...]`: the recipe in recipes/quickstart, run."""
+"""`agentrl quickstart [--suites NAMES] [--async] [--smoke] [--set KEY=VALUE ...]`: the recipe in
+recipes/quickstart, run."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ RUN_DIR, SMOKE_RUN_DIR = "runs/quickstart", "runs/quickstart-smoke"
 
 
 def settings_from_args(args: argparse.Namespace):
-    """The resolved recipe of `agentrl quickstart ...`: the recipe folder, the overlays of the run's suites and of
-    --smoke, then --set (`load_recipe`)."""
+    """The resolved recipe of `agentrl quickstart ...`: the recipe folder, the overlays of the run's suites, of
+    --async and of --smoke, then --set (`load_recipe`)."""
     from agentrl.quickstart.recipe import RECIPE_DIR, QuickstartError, load_recipe
 
     suites = None
@@ -20,7 +21,7 @@ def settings_from_args(args: argparse.Namespace):
         if not all(suites):
             raise QuickstartError(f"quickstart --suites {args.suites!r}: give comma-separated names, e.g. calc,lookup")
     return load_recipe(Path(args.recipe) if args.recipe else RECIPE_DIR, suites=suites, smoke=args.smoke,
-                       sets=args.set)
+                       asynchronous=args.asynchronous, sets=args.set)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -49,6 +50,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "there is moved aside")
     p.add_argument("--smoke", action="store_true",
                    help="a minutes-long miniature run (the recipe's smoke/ overlay) that checks every phase works")
+    p.add_argument("--async", dest="asynchronous", action="store_true",
+                   help="asynchronous off-policy GRPO (the recipe's async/ overlay: trainer.mode async, "
+                        "max_staleness 2, token-level TIS); docs/async.md")
     p.add_argument("--tools-port", type=int, default=None)
     p.add_argument("--sandbox-port", type=int, default=None)
     p.add_argument("--no-sandbox", action="store_true", help="do not start the sandbox (calc/lookup do not need it)")

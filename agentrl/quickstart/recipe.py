@@ -4,8 +4,8 @@
 evaluations); `sft.yaml` is an `SFTConfig` and `train.yaml` a `TrainConfig`, under the keys `sft` and `train`.
 Variant folders beside them hold overlays of the same three files (a mapping merges into the recipe's key by
 key, any other value replaces it), applied in this order: `with-code/` for every run with the code suite,
-`code/` for a run on the code suite alone, `smoke/` for --smoke. The run's suites come from --suites, else
---set data.suites, else quickstart.yaml. Then `--set` takes the real dotted keys: `seed=1`,
+`code/` for a run on the code suite alone, `async/` for --async, `smoke/` for --smoke. The run's suites come
+from --suites, else --set data.suites, else quickstart.yaml. Then `--set` takes the real dotted keys: `seed=1`,
 `data.demos.calc=1000`, `sft.sft.max_steps=300`, `train.actor.lr=2e-4`.
 
 One rule reaches across the phases: `seed` fills `sft.sft.seed`, `train.data.seed`, `train.rollout.seed` and
@@ -141,12 +141,18 @@ def read_folder(folder: Path) -> dict:
     return tree
 
 
-def variant_folders(recipe: Path, suites: list[str], smoke: bool) -> list[Path]:
+def variant_folders(recipe: Path, suites: list[str], smoke: bool, asynchronous: bool = False) -> list[Path]:
     """The overlays a run on `suites` applies, in order: `with-code/` when the code suite is among them, the
-    folder of its one suite if the recipe has one (`code/`), then `smoke/` for --smoke."""
+    folder of its one suite if the recipe has one (`code/`), then `async/` for --async and `smoke/` for --smoke."""
     folders = [recipe / "with-code"] if needs_sandbox(suites) else []
     folders += [recipe / suites[0]] if len(suites) == 1 and (recipe / suites[0]).is_dir() else []
-    return [f for f in folders if f.is_dir()] + ([recipe / "smoke"] if smoke else [])
+    folders = [f for f in folders if f.is_dir()]
+    for flag, name in ((asynchronous, "async"), (smoke, "smoke")):
+        if flag and not (recipe / name).is_dir():
+            raise QuickstartError(f"quickstart --{name}: the recipe {recipe} has no {name}/ folder; copy it from "
+                                  "recipes/quickstart of the agentrl source tree")
+        folders += [recipe / name] if flag else []
+    return folders
 
 
 def check_set_keys(sets: list[str]) -> None:
@@ -159,9 +165,9 @@ def check_set_keys(sets: list[str]) -> None:
 
 
 def load_recipe(recipe: Path = RECIPE_DIR, *, suites: list[str] | None = None, smoke: bool = False,
-                sets: list[str] | tuple[str, ...] = ()) -> QuickstartConfig:
+                asynchronous: bool = False, sets: list[str] | tuple[str, ...] = ()) -> QuickstartConfig:
     """The recipe in `recipe` with the overlays of the run's suites (`suites`, else --set data.suites, else the
-    recipe's) and of `smoke`, then `sets` (dotted KEY=VALUE items)."""
+    recipe's), of `asynchronous` (--async) and of `smoke`, then `sets` (dotted KEY=VALUE items)."""
     if not (recipe / FILES[""]).is_file():
         raise QuickstartError(f"quickstart recipe: {recipe / FILES['']} does not exist; pass --recipe DIR with a "
                               "copy of recipes/quickstart from the agentrl source tree")
@@ -176,7 +182,7 @@ def load_recipe(recipe: Path = RECIPE_DIR, *, suites: list[str] | None = None, s
         tree = read_folder(recipe)
         given_suites = load_config(QuickstartConfig, data=tree, overrides=overrides + given, source=source)
         run_suites = given_suites.data.suites
-        folders = variant_folders(recipe, run_suites, smoke)
+        folders = variant_folders(recipe, run_suites, smoke, asynchronous)
         source = " + ".join([str(recipe), *(f.name for f in folders)])
         for folder in folders:
             tree = merge(tree, read_folder(folder))

@@ -36,7 +36,7 @@ def test_each_recipe_file_loads_as_its_phases_config():
     train = load_config(TrainConfig, RECIPE_DIR / "train.yaml")
     assert train.rollout.temperature == pytest.approx(0.7) and train.trainer.total_steps == 200
     variants = sorted(p.name for p in RECIPE_DIR.iterdir() if p.is_dir())
-    assert variants == ["code", "smoke", "with-code"]
+    assert variants == ["async", "code", "smoke", "with-code"]
     for folder in variants:  # overlays hold only the three files, each over its own recipe file
         assert {p.name for p in (RECIPE_DIR / folder).iterdir()} <= {"quickstart.yaml", "sft.yaml", "train.yaml"}
         tree = merge(read_folder(RECIPE_DIR), read_folder(RECIPE_DIR / folder))
@@ -97,6 +97,25 @@ def test_a_smoke_run_is_the_smoke_overlay_in_its_own_run_directory():
     assert smoke.data.demos == {"calc": 16, "lookup": 16, "code": 16} and smoke.eval.sampled_n == 2
     assert not smoke.train.algorithm.filter_zero_variance_groups  # both steps update, whatever the rewards
     assert (full.sft.sft.max_steps, full.train.trainer.total_steps) == (225, 200)
+
+
+def test_async_is_an_overlay_that_names_its_correction_and_composes_with_the_others():
+    sync, asynchronous = settings(), settings("--async")
+    assert sync.train.trainer.mode == "sync"
+    assert asynchronous.train.trainer.mode == "async" and asynchronous.train.trainer.max_staleness == 2
+    assert asynchronous.train.algorithm.rollout_correction.level == "token"
+    # Nothing else changes: the same model, data, SFT phase and GRPO budget.
+    assert to_dict(asynchronous.sft) == to_dict(sync.sft)
+    assert {k: v for k, v in to_dict(asynchronous.train).items() if k not in ("trainer", "algorithm")} == \
+        {k: v for k, v in to_dict(sync.train).items() if k not in ("trainer", "algorithm")}
+    smoke = settings("--async", "--smoke", "--set", "train.trainer.max_staleness=1")
+    assert smoke.train.trainer.mode == "async" and smoke.train.trainer.max_staleness == 1
+    assert smoke.train.data.train_batch_size == settings("--smoke").train.data.train_batch_size
+
+
+def test_async_training_without_a_correction_fails_before_any_work(capsys):
+    with pytest.raises(QuickstartError, match="rollout_correction"):
+        settings("--set", "train.trainer.mode=async")
 
 
 def test_one_seed_reaches_every_phase_unless_a_phase_key_is_set():
