@@ -10,7 +10,10 @@ Partial rollouts: `pause_generation(mode)` / `continue_generation()` broadcast S
 update. A request that comes back aborted because this client paused the servers keeps its tokens (each with the
 version its response reported), waits for `continue_generation()` and is resubmitted as prompt + tokens so far for
 the remaining `max_new_tokens`, so one `generate()` returns one Generation whose tokens each carry the version
-that sampled them. A pause by another client is not known here: its aborts reach the caller as "abort".
+that sampled them. A weight update this client sends with `abort_in_flight` ends the requests in flight with
+"abort" and `metrics["aborted_by"] = "weight_update"` (as LocalEngine says it), so the agent loop samples the turn
+again under the new weights. A pause or an update by another client is not known here: its aborts reach the
+caller as a plain "abort".
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class SGLangEngine:
         self._resumed = asyncio.Event()  # cleared from pause_generation until continue_generation
         self._resumed.set()
         self._pauses = 0  # pause_generation calls so far: a request that saw one while in flight resumes
+        self._abort_updates = 0  # update_weights(abort_in_flight=True) calls begun so far
+        self._aborting = 0  # of them, the ones not answered yet
         # the version of the weights the servers serve: 0 for those they started with ("default"), then the number
         # of the label of this client's last update_weights (None: a label that is not a number)
         self.weight_version: int | None = 0
@@ -143,7 +148,7 @@ class SGLangEngine:
         versions: list[int] | None = []  # None once a part could not say which version sampled its tokens
         resumes = 0
         while True:
-            pauses = self._pauses
+            pauses, abort_updates = self._pauses, self._abort_updates
             part_params = params if not ids else replace(
                 params, max_new_tokens=params.max_new_tokens - len(ids),
                 min_new_tokens=max(0, params.min_new_tokens - len(ids)))
@@ -154,6 +159,9 @@ class SGLangEngine:
             versions = versions + gen.weight_versions if versions is not None and (
                 gen.weight_versions or not gen.token_ids) else None
             paused_meanwhile = pauses != self._pauses or not self._resumed.is_set()
+            if gen.finish_reason == "abort" and (abort_updates != self._abort_updates or self._aborting):
+                gen.metrics["aborted_by"] = "weight_update"  # our update ended it: the caller samples it again
+                paused_meanwhile = False
             if gen.finish_reason != "abort" or not paused_meanwhile or len(ids) >= params.max_new_tokens:
                 break
             await self._resumed.wait()
@@ -260,7 +268,8 @@ class SGLangEngine:
         """Load a HF checkpoint directory on every server (`/update_weights_from_disk`), labelled `weight_version`
         (or `str(version)`, the Engine protocol's version number).
 
-        SGLang waits for in-flight requests unless `abort_in_flight` (then they finish with "abort").
+        SGLang waits for in-flight requests unless `abort_in_flight` (then they finish with "abort", and
+        `metrics["aborted_by"] = "weight_update"`).
         The directory must be readable by every server (shared filesystem on multi-node clusters).
         """
         if not isinstance(weights, (str, Path)):
@@ -272,7 +281,12 @@ class SGLangEngine:
                                 "flush_cache": flush_cache}
         if weight_version is not None:
             body["weight_version"] = weight_version
-        await self._broadcast("POST", "/update_weights_from_disk", body)
+        self._abort_updates += abort_in_flight  # before the request: aborted answers may arrive before it returns
+        self._aborting += abort_in_flight
+        try:
+            await self._broadcast("POST", "/update_weights_from_disk", body)
+        finally:
+            self._aborting -= abort_in_flight
         self.weight_version = version_from_label(weight_version) if weight_version is not None else None
 
     async def pause_generation(self, mode: str = "abort") -> None:

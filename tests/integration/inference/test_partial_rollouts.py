@@ -99,3 +99,19 @@ async def test_requests_wait_while_paused_and_report_per_token_labels(server, mo
         assert meta["weight_version"] == "step-2" and meta["weight_versions"] == ["step-2"] * 5
         bad = await http.post("/pause_generation", json={"mode": "drain"})
         assert bad.status_code == 400 and "in_place" in bad.json()["error"]["message"]
+
+
+async def test_an_update_that_aborts_requests_says_why_over_http(server, model, tmp_path):
+    """`rollout.on_weight_update: abort` against a server: the request in flight ends with "abort" and the cause
+    the agent loop restarts a turn on, with the tokens it had sampled under the old weights."""
+    eng = SGLangEngine([server], EngineConfig(backend="sglang", urls=[server], health_timeout_s=30))
+    model.save_pretrained(tmp_path / "step3")
+    async with httpx.AsyncClient(base_url=server, timeout=60) as http:
+        task = asyncio.ensure_future(eng.generate(PROMPT, LONG))
+        await _until(http, "num_running", 1)
+        await eng.update_weights(tmp_path / "step3", version=3, abort_in_flight=True)
+        g = await task
+    assert g.finish_reason == "abort" and g.metrics["aborted_by"] == "weight_update"
+    assert 1 <= len(g.token_ids) < 1500 and set(g.weight_versions) == {0}
+    assert eng.weight_version == 3
+    await eng.close()

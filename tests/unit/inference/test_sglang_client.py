@@ -229,3 +229,34 @@ async def test_a_request_aborted_by_our_pause_resumes_with_the_tokens_so_far():
     assert g.weight_versions == [4] * 3 + [5] * 7 and len(g.logprobs) == 10
     assert g.metrics["resumed_after_pause"] == 1 and g.metrics["prompt_tokens"] == 2
     await eng.close()
+
+
+async def test_an_abort_by_our_weight_update_says_so_and_another_abort_does_not():
+    class AbortingServer(PausingServer):
+        """The held /generate answers aborted when an update with abort_all_requests arrives (or on release)."""
+
+        async def __call__(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/update_weights_from_disk" and json.loads(request.content)["abort_all_requests"]:
+                self.release.set()
+            return await super().__call__(request)
+
+    fake = AbortingServer()
+    eng = SGLangEngine([URLS[0]], EngineConfig(backend="sglang", urls=[URLS[0]], health_timeout_s=1.0),
+                       transport=httpx.MockTransport(fake))
+    task = asyncio.ensure_future(eng.generate([1, 2], SamplingParams(max_new_tokens=10)))
+    while not fake.generates:
+        await asyncio.sleep(0)
+    await eng.update_weights("/ckpt/step-5", version=5, abort_in_flight=True)
+    g = await task
+    assert g.finish_reason == "abort" and g.token_ids == [52, 53, 54]
+    assert g.metrics["aborted_by"] == "weight_update" and len(fake.generates) == 1  # not resumed: the caller redoes it
+
+    fake.generates.clear()  # an abort nobody here asked for (another client, an operator) stays a plain abort
+    fake.release = asyncio.Event()
+    task = asyncio.ensure_future(eng.generate([1, 2], SamplingParams(max_new_tokens=10)))
+    while not fake.generates:
+        await asyncio.sleep(0)
+    fake.release.set()
+    g = await task
+    assert g.finish_reason == "abort" and "aborted_by" not in g.metrics
+    await eng.close()
