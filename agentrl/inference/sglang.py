@@ -355,6 +355,8 @@ def _error_message(r: httpx.Response) -> str:
         err = data.get("error")
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])
+        if isinstance(err, str):  # SGLang's 401: {"error": "Unauthorized"}
+            return err
         if "message" in data:
             return str(data["message"])
         if "detail" in data:
