@@ -164,10 +164,11 @@ def bearer_headers(token_file: str | None, key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {read_token_file(token_file, key)}"}
 
 
-def unauthorized(url: str, key: str, detail: str = "") -> ServiceAuthError:
-    """The error for a 401 from the service at `url` whose token file is configured at `key`."""
+def unauthorized(service: str, key: str, detail: str = "") -> ServiceAuthError:
+    """The error for a 401 from `service` (its name and URL, e.g. "sandbox http://h:8080"), whose token file is
+    configured at `key`."""
     why = f" ({detail})" if detail else ""
-    return ServiceAuthError(f"{url} refused the request with HTTP 401{why}: set {key} to the file holding the "
+    return ServiceAuthError(f"{service} refused the request with HTTP 401{why}: set {key} to the file holding the "
                             f"token the service was started with (its --token-file or ${TOKEN_ENV})")
 
 
