@@ -147,19 +147,23 @@ def check_rewards(files: list[TaskRows], reward_cfg, *, sandbox_key: str = "rewa
         problems.append(f"{sandbox_key} is not set, but {_rows(numbers)} of {path} have {kinds} rewards, which "
                         f"run in the sandbox; start one (`agentrl sandbox serve --port 8080`) and set {sandbox_key}")
     elif code_rows:
-        problems += _check_sandbox(reward_cfg.sandbox_url, sandbox_key)
+        problems += _check_sandbox(reward_cfg.sandbox_url, sandbox_key, reward_cfg.sandbox_token_file)
     return problems
 
 
-def _check_sandbox(url: str, key: str) -> list[str]:
+def _check_sandbox(url: str, key: str, token_file: str | None = None) -> list[str]:
+    from agentrl.auth import ServiceAuthError
     from sandbox.client import SandboxClient, SandboxInfraError
 
     async def ping() -> None:
-        async with SandboxClient(url, timeout=10.0, retries=0) as client:
+        async with SandboxClient(url, timeout=10.0, retries=0, token_file=token_file) as client:
             await client.health()
+            await client.ping()  # behind the sandbox's token, if it has one
 
     try:
         asyncio.run(ping())
+    except ServiceAuthError as e:  # the token file is missing, or the sandbox refused it
+        return [str(e)]
     except (SandboxInfraError, ValueError) as e:  # ValueError: a 4xx or non-JSON answer, so not a sandbox
         return [f"{key} {url}: no sandbox answers GET /health there ({e}); start one (`agentrl sandbox serve "
                 "--port N`) or fix the url"]

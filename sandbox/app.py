@@ -3,6 +3,8 @@
 Status semantics: `Success` = the program finished with exit code 0; `Failed` = anything the code did (non-zero
 exit, timeout, OOM, output flood, fork bomb, signal); `SandboxError` = the sandbox itself failed (clients retry
 it). Requests the service refuses get HTTP 400/413/422 naming the field, or 503 + Retry-After when busy.
+With a token (`agentrl sandbox serve --token-file`) every route but `GET /health` needs `Authorization: Bearer
+<token>` and answers 401 without it (`agentrl.auth`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from agentrl.auth import BearerAuth
 from sandbox.admission import Admission, Overloaded
 from sandbox.api import (
     CommandRunResult,
@@ -199,7 +202,7 @@ def to_response(result: ExecResult) -> RunCodeResponse:
                            truncated=result.truncated, signal=result.signal, memory_peak_MB=result.memory_peak_mb)
 
 
-def create_app(cfg: SandboxConfig | None = None) -> FastAPI:
+def create_app(cfg: SandboxConfig | None = None, *, token: str | None = None) -> FastAPI:
     cfg = cfg or SandboxConfig()
     svc = Service(cfg)
 
@@ -215,6 +218,8 @@ def create_app(cfg: SandboxConfig | None = None) -> FastAPI:
     app = FastAPI(title="agentrl sandbox", lifespan=lifespan)
     app.state.service = svc
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
+    if token is not None:
+        app.add_middleware(BearerAuth, token=token)  # added last, so it runs first: no body is read for a 401
 
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, exc: BadRequest):

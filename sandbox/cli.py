@@ -6,12 +6,14 @@ import argparse
 import logging
 import sys
 
+from agentrl.auth import TOKEN_HELP
 from agentrl.errors import UserError, debug_enabled, one_line
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1); any other needs a token")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (0: pick a free one); default 8080")
+    p.add_argument("--token-file", default=None, metavar="PATH", help=TOKEN_HELP)
     p.add_argument("--backend", choices=["bwrap", "docker"], default=None, help="isolation backend (default bwrap)")
     p.add_argument("--allow-unsafe", action="store_true",
                    help="if no backend can isolate, run code as plain processes instead of refusing to start")
@@ -38,13 +40,15 @@ class SandboxStartError(UserError):
 
 
 def serve(args: argparse.Namespace) -> int:
+    from agentrl.auth import service_token
     from agentrl.services import bind_port, serve_asgi
     from sandbox.app import create_app
     from sandbox.backends.base import BackendError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    token = service_token(args.host, args.token_file, "agentrl sandbox serve")
     cfg = build_config(args)  # a ConfigError names the key
-    app = create_app(cfg)
+    app = create_app(cfg, token=token)
     service = app.state.service
 
     async def start() -> None:

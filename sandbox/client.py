@@ -6,6 +6,10 @@ normal return value, because it is the model's doing and must reach the model as
 `SandboxInfraError`, whose `kind` is one of agentrl.tools' INFRA_ERROR_KINDS, so an episode it ruins is marked
 `infra_error` instead of being trained on as reward 0.
 
+A sandbox started with a token (`agentrl sandbox serve --token-file`) needs `token_file` here: the client sends
+`Authorization: Bearer <token>` with every request, and a 401 raises `agentrl.auth.ServiceAuthError` naming the
+URL and `token_key` (the config key that holds the path), never a retry.
+
     client = SandboxClient("http://127.0.0.1:8080")
     result = await client.run_code("print(1 + 1)")          # SandboxFusion response dict
     sid = await client.create_session()
@@ -22,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.auth import bearer_headers, unauthorized
 from agentrl.retry import backoff_delay, parse_retry_after
 
 # Values of SandboxInfraError.kind; equal to the infra kinds of agentrl.tools.base.INFRA_ERROR_KINDS.
@@ -59,12 +64,14 @@ class SandboxClient:
     `timeout` is the HTTP timeout added on top of the code's own time limit; `retries` is how many extra
     attempts a stateless call (`run_code`, session creation) gets on an infrastructure fault, with jittered
     exponential backoff from `backoff_s` up to `max_backoff_s` (`agentrl.retry`; a 503's Retry-After is
-    honoured up to `max_backoff_s`).
+    honoured up to `max_backoff_s`). `token_file`: the sandbox's token (see the module docstring), configured at
+    `token_key`.
     """
 
     def __init__(self, base_url: str | list[str], *, timeout: float = 30.0, retries: int = 2,
                  backoff_s: float = 0.25, max_backoff_s: float = 10.0,
-                 transport: httpx.AsyncBaseTransport | None = None):
+                 transport: httpx.AsyncBaseTransport | None = None, token_file: str | None = None,
+                 token_key: str = "reward.sandbox_token_file"):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
             raise ValueError("SandboxClient needs at least one base_url, e.g. 'http://127.0.0.1:8080'")
@@ -77,7 +84,9 @@ class SandboxClient:
         self.max_backoff_s = max_backoff_s
         self._next = 0
         self._session_url: dict[str, str] = {}
-        self._http = httpx.AsyncClient(timeout=timeout, transport=transport)
+        self.token_key = token_key
+        self._http = httpx.AsyncClient(timeout=timeout, transport=transport,
+                                       headers=bearer_headers(token_file, token_key))
 
     def _pick_url(self) -> str:
         url = self.base_urls[self._next % len(self.base_urls)]
@@ -103,6 +112,8 @@ class SandboxClient:
                 if not retry and not isinstance(e, httpx.ConnectError):
                     break
             else:
+                if resp.status_code == 401:
+                    raise unauthorized(f"sandbox {base}", self.token_key, _detail(resp))
                 if resp.status_code == 503:
                     last = SandboxInfraError(f"sandbox {base} overloaded (503): {resp.text[:300]}", OVERLOADED)
                     retry_after = parse_retry_after(resp.headers.get("retry-after"))
@@ -125,10 +136,7 @@ class SandboxClient:
     def _check_4xx(resp: httpx.Response, what: str) -> None:
         if resp.status_code < 400:
             return
-        try:
-            detail = resp.json().get("detail")
-        except ValueError:
-            detail = resp.text[:500]
+        detail = _detail(resp)
         cls = SessionNotFoundError if resp.status_code == 404 else SandboxRequestError
         raise cls(f"sandbox refused {what} (HTTP {resp.status_code}): {detail}", resp.status_code, detail)
 
@@ -181,6 +189,11 @@ class SandboxClient:
         if resp.status_code != 404:
             self._check_4xx(resp, f"deleting session {session_id}")
 
+    async def ping(self) -> None:
+        """`GET /v1/ping`, a route behind the token: raises ServiceAuthError when the token is missing or wrong."""
+        resp = await self._request("GET", self.base_urls[0], "/v1/ping", json=None, timeout=self.timeout, retry=False)
+        self._check_4xx(resp, "ping")
+
     async def health(self) -> dict:
         resp = await self._request("GET", self.base_urls[0], "/health", json=None, timeout=self.timeout, retry=False)
         self._check_4xx(resp, "health")
@@ -194,6 +207,14 @@ class SandboxClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+def _detail(resp: httpx.Response) -> Any:
+    """The `detail` of the service's JSON error body, else the start of the body."""
+    try:
+        return resp.json().get("detail")
+    except (ValueError, AttributeError):
+        return resp.text[:500]
 
 
 def cell_to_text(cell: dict) -> str:

@@ -276,17 +276,19 @@ def report_without_proof(result: dict, total: int) -> TestReport:
 
 # ---------------------------------------------------------------- the two entry points
 
-async def _run(sandbox, code: str, language: str, timeout_s: float, stdin: str) -> dict:
-    """One /run_code call; `sandbox` is a URL or an open SandboxClient. Sandbox faults raise SandboxInfraError."""
+async def _run(sandbox, code: str, language: str, timeout_s: float, stdin: str, token_file: str | None) -> dict:
+    """One /run_code call; `sandbox` is a URL (whose token is in `token_file`, if it has one) or an open
+    SandboxClient. Sandbox faults raise SandboxInfraError."""
     from sandbox.client import SandboxClient
 
     if isinstance(sandbox, SandboxClient):
         return await sandbox.run_code(code, language=language, run_timeout=timeout_s, stdin=stdin)
-    async with SandboxClient(sandbox) as client:
+    async with SandboxClient(sandbox, token_file=token_file) as client:
         return await client.run_code(code, language=language, run_timeout=timeout_s, stdin=stdin)
 
 
-async def run_unit_tests(sandbox, code: str, tests: str, *, timeout_s: float = 10.0) -> TestReport:
+async def run_unit_tests(sandbox, code: str, tests: str, *, timeout_s: float = 10.0,
+                         token_file: str | None = None) -> TestReport:
     """Run `code` then the Python `tests` (top-level statements, plain asserts) under the harness; verify.
 
     Raises TestSourceError for unparsable tests and SandboxInfraError for sandbox faults; anything the code
@@ -297,7 +299,8 @@ async def run_unit_tests(sandbox, code: str, tests: str, *, timeout_s: float = 1
         return TestReport(0, total, "no_code", error="the answer has no code")
     nonce = secrets.token_hex(32)
     budget = max(timeout_s - MARGIN_S, timeout_s * 0.5)
-    result = await _run(sandbox, build_program(code), "python", timeout_s, build_stdin(nonce, rewritten, budget))
+    result = await _run(sandbox, build_program(code), "python", timeout_s, build_stdin(nonce, rewritten, budget),
+                        token_file)
     run = result.get("run_result") or {}
     summary = find_report(run.get("stdout") or "", nonce)
     if summary is None:
@@ -314,7 +317,7 @@ def normalise_output(text: str) -> list[str]:
 
 
 async def run_stdin_stdout(sandbox, code: str, cases: list[dict], *, language: str = "python",
-                           timeout_s: float = 10.0) -> TestReport:
+                           timeout_s: float = 10.0, token_file: str | None = None) -> TestReport:
     """Run `code` once per case with the case's `input` on stdin; every stdout must equal its `output`.
 
     Stops at the first failing case. `language` is any language the sandbox runs ("python", "cpp", ...)."""
@@ -322,7 +325,7 @@ async def run_stdin_stdout(sandbox, code: str, cases: list[dict], *, language: s
     if not code or not code.strip():
         return TestReport(0, total, "no_code", error="the answer has no code")
     for index, case in enumerate(cases):
-        result = await _run(sandbox, code, language, timeout_s, str(case.get("input", "")))
+        result = await _run(sandbox, code, language, timeout_s, str(case.get("input", "")), token_file)
         run = result.get("run_result") or {}
         label = f"case {index}: input {_clip(repr(str(case.get('input', ''))))}"
         if run.get("status") == "TimeLimitExceeded" or result.get("exit_reason") == "timeout":

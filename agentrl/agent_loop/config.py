@@ -147,6 +147,7 @@ class RewardConfig(ConfigModel):
 
     answer_from: Literal["answer_tag", "answer_tag_strict", "final_text"] = "answer_tag"
     sandbox_url: str | None = None  # for "unit_tests" rewards, e.g. http://127.0.0.1:8080
+    sandbox_token_file: str | None = None  # the sandbox's token (its --token-file), sent as a bearer token
     unit_tests_timeout_s: float = Field(10.0, gt=0)  # run_timeout of one unit-test run in the sandbox
     score_unfinished: bool = False
     # code rewards: copies of a program already run (same code, tests and limits) take its verdict instead of

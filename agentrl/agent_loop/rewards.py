@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol
 
 from agentrl.agent_loop.config import RewardConfig, check_reward_fn
+from agentrl.auth import ServiceAuthError
 from agentrl.config import import_object
 from agentrl.errors import UserError
 from agentrl.types import Episode, Task
@@ -164,6 +165,11 @@ def _sandbox_url(task: Task, config: RewardConfig) -> str:
     return config.sandbox_url
 
 
+def _token(config: RewardConfig) -> dict:
+    """The sandbox token keyword of the code_tests runners, given only when the sandbox has a token."""
+    return {"token_file": config.sandbox_token_file} if config.sandbox_token_file else {}
+
+
 def _record(episode: Episode, report, reused: bool = False) -> float:
     """Keep why the run failed (which test, assertion or timeout) in the episode record; return the reward."""
     episode.metrics["reward_info"] = report.to_dict() | ({"reused": True} if reused else {})
@@ -250,7 +256,7 @@ async def unit_tests(task: Task, episode: Episode, config: RewardConfig) -> floa
         return _record(episode, TestReport(0, total, "no_code", error=f"the code never mentions {entry_point!r}"))
     report, reused = await _verdict(
         config, ("unit_tests", url, code, spec["tests"], config.unit_tests_timeout_s),
-        lambda: run_unit_tests(url, code, spec["tests"], timeout_s=config.unit_tests_timeout_s))
+        lambda: run_unit_tests(url, code, spec["tests"], timeout_s=config.unit_tests_timeout_s, **_token(config)))
     return _record(episode, report, reused)
 
 
@@ -288,7 +294,7 @@ async def stdin_stdout(task: Task, episode: Episode, config: RewardConfig) -> fl
     timeout = float(spec.get("timeout_s", config.unit_tests_timeout_s))
     report, reused = await _verdict(
         config, ("stdin_stdout", url, code, cases, language, timeout),
-        lambda: run_stdin_stdout(url, code, cases, language=language, timeout_s=timeout))
+        lambda: run_stdin_stdout(url, code, cases, language=language, timeout_s=timeout, **_token(config)))
     return _record(episode, report, reused)
 
 
@@ -391,6 +397,8 @@ async def score_episode(task: Task, episode: Episode, config: RewardConfig) -> N
         episode.reward, episode.infra_error = 0.0, True
         episode.metrics["reward_error"] = f"{type(e).__name__}: {e}"
         episode.metrics["infra_detail"] = f"sandbox ({e.kind}): {e}"
+    except ServiceAuthError:  # the sandbox refused our token: a setting to fix, whatever reward.on_error says
+        raise
     except Exception as e:  # noqa: BLE001 -- boundary: whatever the user's reward code raises is its own bug
         if config.on_error == "raise":
             raise RewardError(reward_name(task.reward, config), task, e) from e

@@ -23,6 +23,7 @@ from pathlib import Path
 from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig
 from agentrl.agent_loop.rewards import RewardError, check_reward_specs, reward_failed, score_episode
 from agentrl.agent_loop.tool_agent import ToolAgentLoop
+from agentrl.auth import ServiceAuthError
 from agentrl.tools.errors import UnknownToolError
 from agentrl.types import FINISH_REASONS_EPISODE, Episode, SamplingParams, Task
 
@@ -95,8 +96,8 @@ class RolloutManager:
         try:  # a TaskGroup cancels the other episodes if one fails with a bug (not an infra error)
             async with asyncio.TaskGroup() as group:
                 running = [group.create_task(one(*job)) for job in jobs]
-        except ExceptionGroup as failed:  # a reward function raised: the first one is the user's one-line error
-            first = next((e for e in failed.exceptions if isinstance(e, RewardError)), None)
+        except ExceptionGroup as failed:  # a reward function raised (or a service refused our token): one line
+            first = next((e for e in failed.exceptions if isinstance(e, (RewardError, ServiceAuthError))), None)
             if first is None:
                 raise
             raise first from first.__cause__

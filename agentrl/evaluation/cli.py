@@ -94,7 +94,7 @@ def _tools(args: argparse.Namespace, cfg, tasks) -> Iterator[object]:
         yield ToolRegistry.from_tools_config(cfg.tools)
     elif args.serve_tools and _tool_names(tasks):
         names = _tool_names(tasks)
-        kwargs = builtin_tools_kwargs(names, cfg.reward.sandbox_url)
+        kwargs = builtin_tools_kwargs(names, cfg.reward.sandbox_url, cfg.reward.sandbox_token_file)
         with serve_builtin_tools(names, tool_kwargs=kwargs) as url:
             print(f"tool service for {', '.join(names)} on {url}", file=sys.stderr, flush=True)
             yield ToolRegistry.from_tools_config(ToolsConfig(services=[ServiceConfig(url=url, name="eval-tools")]))
@@ -190,7 +190,8 @@ def _check_rollout(args: argparse.Namespace, cfg, tasks: list, models: list[tupl
             problems += check_task_tools(files, served)
     else:  # the tasks' built-in tools, in-process or served by --serve-tools
         try:
-            registry = default_tools(tasks, sandbox_url=cfg.reward.sandbox_url)
+            registry = default_tools(tasks, sandbox_url=cfg.reward.sandbox_url,
+                                     sandbox_token_file=cfg.reward.sandbox_token_file)
         except ValueError as e:  # a tool that is not built in, tools: null, python without a sandbox
             problems.append(str(e))
         else:

@@ -105,10 +105,11 @@ def suite_tasks(spec: str, *, split: str = "heldout", num_tasks: int = 200, seed
     return [task_from_row(row, where=f"suite {row['data_source']} row {i}") for i, row in enumerate(rows, 1)]
 
 
-def default_tools(tasks: list[Task], *, sandbox_url: str | None = None):
+def default_tools(tasks: list[Task], *, sandbox_url: str | None = None, sandbox_token_file: str | None = None):
     """An in-process `ToolRegistry` with the built-in tools the tasks name (None when no task names a tool).
 
-    calculator and lookup run entirely in this process; python runs its code in the sandbox at `sandbox_url`.
+    calculator and lookup run entirely in this process; python runs its code in the sandbox at `sandbox_url`
+    (with the token in `sandbox_token_file`, if the sandbox has one).
     """
     from agentrl.tools.client import ToolRegistry
     from agentrl.tools.config import BUILTIN_TOOLS, ToolsConfig
@@ -123,18 +124,20 @@ def default_tools(tasks: list[Task], *, sandbox_url: str | None = None):
     if unknown:
         raise ValueError(f"the tasks use tool(s) {unknown} that are not built in ({', '.join(BUILTIN_TOOLS)}); "
                          "pass tools=ToolRegistry.from_config(...) (CLI: --tools-config FILE)")
-    kwargs = builtin_tools_kwargs(names, sandbox_url)
+    kwargs = builtin_tools_kwargs(names, sandbox_url, sandbox_token_file)
     return ToolRegistry.from_tools_config(ToolsConfig(builtin=names, tools_kwargs=kwargs))
 
 
-def builtin_tools_kwargs(names: list[str], sandbox_url: str | None) -> dict[str, dict]:
+def builtin_tools_kwargs(names: list[str], sandbox_url: str | None,
+                         sandbox_token_file: str | None = None) -> dict[str, dict]:
     """Session defaults the built-in tools need: the python tool's sandbox (required when python is used)."""
     if "python" not in names:
         return {}
     if not sandbox_url:
         raise ValueError("the python tool runs code in the sandbox: start one (`agentrl sandbox serve --port 8080`) "
                          "and set reward_config.sandbox_url (CLI: --sandbox-url http://127.0.0.1:8080)")
-    return {"python": {"sandbox_url": sandbox_url}}
+    token = {"sandbox_token_file": sandbox_token_file} if sandbox_token_file else {}
+    return {"python": {"sandbox_url": sandbox_url, **token}}
 
 
 async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks: Iterable[int] | None = None,
@@ -185,7 +188,8 @@ async def evaluate(model_path: str | Path, tasks: list[Task], *, n: int = 1, ks:
         (out / EPISODES_FILE).unlink(missing_ok=True)  # RolloutManager appends; one evaluation per directory
 
     own_tools = tools is None
-    registry = default_tools(tasks, sandbox_url=reward_config.sandbox_url) if own_tools else tools
+    registry = default_tools(tasks, sandbox_url=reward_config.sandbox_url,
+                             sandbox_token_file=reward_config.sandbox_token_file) if own_tools else tools
     own_engine = engine is None
     t_start = time.monotonic()
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from agentrl.auth import TOKEN_HELP
+
 
 def add_commands(subparsers) -> None:
     engine = subparsers.add_parser("engine", help="rollout engines: serve the CPU engine, launch SGLang servers")
@@ -12,7 +14,12 @@ def add_commands(subparsers) -> None:
     serve = sub.add_parser("serve", help="serve a LocalEngine behind SGLang's native HTTP API (/generate, ...)")
     serve.add_argument("--model", required=True, help="Hugging Face model directory")
     serve.add_argument("--port", type=int, required=True, help="port to listen on (0: pick a free one)")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="bind address (default 127.0.0.1); any other needs a token and --weights-dir")
+    serve.add_argument("--token-file", default=None, metavar="PATH", help=TOKEN_HELP)
+    serve.add_argument("--weights-dir", default=None, metavar="DIR",
+                       help="load new weights (/update_weights_from_disk) only from under DIR, e.g. RUN_DIR/weights; "
+                            "default: any path on loopback, required with another --host")
     serve.add_argument("--max-batch-size", type=int, default=32, help="decode slots (bounds KV-cache memory)")
     serve.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
     serve.add_argument("--max-queued-requests", type=int, default=4096)
@@ -44,18 +51,22 @@ def add_commands(subparsers) -> None:
 
 
 def _serve(args) -> int:
+    from agentrl.auth import service_token
+
+    token = service_token(args.host, args.token_file, "agentrl engine serve")  # refused before torch is imported
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.local import LocalEngine
-    from agentrl.inference.server import create_app
+    from agentrl.inference.server import check_weights_dir, create_app
     from agentrl.services import bind_port, serve_asgi
 
+    weights_dir = check_weights_dir(args.weights_dir, args.host)
     config = EngineConfig(device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
                           max_model_len=args.max_model_len, max_queued_requests=args.max_queued_requests,
                           num_threads=args.num_threads)
     with bind_port(args.host, args.port) as sock:  # a taken port fails before the model loads
         engine = LocalEngine.from_pretrained(args.model, config)
         try:
-            serve_asgi(create_app(engine, str(args.model)), sock,
+            serve_asgi(create_app(engine, str(args.model), token=token, weights_dir=weights_dir), sock,
                        lambda url: f"engine ready on {url} (model {args.model}, max_batch_size="
                                    f"{config.max_batch_size}, max_model_len={engine.max_model_len})",
                        log_level=args.log_level)

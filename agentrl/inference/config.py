@@ -42,6 +42,8 @@ class EngineConfig(ConfigModel):
     retry_backoff_s: float = Field(0.5, ge=0)  # first wait before a retry; doubles per retry, jittered, <= 30 s
     health_timeout_s: float = Field(600.0, gt=0)  # wait for every server's /health at start
     max_connections: int = Field(1024, ge=1)  # httpx connection pool size per server
+    # the servers' token (SGLang's --api-key, `agentrl engine serve --token-file`), sent as Authorization: Bearer
+    token_file: str | None = None
 
     @field_validator("urls")
     @classmethod

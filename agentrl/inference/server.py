@@ -14,6 +14,11 @@ load are re-prefilled under them (`LocalEngine.update_weights`, on_running="cont
 Every SGLang sampling parameter is honoured (`ignore_eos` and `min_new_tokens` included) or, where the local
 engine cannot honour its value, rejected with HTTP 400 naming the field (`wire.sampling_params_from_wire`);
 there is no prefix cache (`cached_tokens` is always 0) and no streaming.
+
+Access: with a `token` (`--token-file`) every route but `GET /health` needs `Authorization: Bearer <token>`, as
+SGLang's `--api-key` does (`agentrl.auth`). With a `weights_dir` (`--weights-dir`), `/update_weights_from_disk`
+loads only from directories under it (symlinks and `..` resolved first) and answers 403 for any other path; it
+is required beyond loopback, where anyone holding the token could otherwise make the server read any directory.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from agentrl.auth import BearerAuth, is_loopback
+from agentrl.errors import UserError
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.local import LocalEngine
 from agentrl.inference.wire import WireError, finish_reason_to_wire, sampling_params_from_wire
@@ -39,6 +46,24 @@ _TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob
 _UNSUPPORTED_IF_SET = ("token_ids_logprob", "image_data", "audio_data", "video_data", "lora_path",
                        "custom_logit_processor", "bootstrap_host", "bootstrap_port", "bootstrap_room",
                        "input_embeds", "session_params")
+
+
+class WeightsDirError(UserError):
+    """`--weights-dir` is missing where it is required, or is not a directory."""
+
+
+def check_weights_dir(weights_dir: str | None, host: str) -> Path | None:
+    """The resolved `--weights-dir` (None: no restriction, allowed on loopback only)."""
+    if weights_dir is None:
+        if not is_loopback(host):
+            raise WeightsDirError(f"agentrl engine serve on host {host} needs --weights-dir DIR (e.g. RUN_DIR/weights, "
+                                  f"where the trainer saves weights): /update_weights_from_disk then loads only from "
+                                  f"under DIR")
+        return None
+    path = Path(weights_dir).expanduser().resolve()
+    if not path.is_dir():
+        raise WeightsDirError(f"--weights-dir {weights_dir}: {path} is not a directory; create it or fix the path")
+    return path
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -55,9 +80,10 @@ def _per_item(value: Any, n: int, name: str, batched: bool) -> list:
 
 
 class _Server:
-    def __init__(self, engine: LocalEngine, model_path: str):
+    def __init__(self, engine: LocalEngine, model_path: str, weights_dir: Path | None = None):
         self.engine = engine
         self.model_path = model_path
+        self.weights_dir = weights_dir
         self.weight_version = "default"
         self._labels = {engine.weight_version: self.weight_version}  # engine version -> weight_version label
         self._update_lock = asyncio.Lock()
@@ -164,6 +190,13 @@ class _Server:
         if not isinstance(path, str) or not path:
             return JSONResponse({"success": False, "message": "model_path (a HF model directory) is required"},
                                 status_code=400)
+        if self.weights_dir is not None:
+            resolved = Path(path).resolve()
+            if not resolved.is_relative_to(self.weights_dir):
+                return JSONResponse({"success": False, "message": f"model_path {path} (resolved: {resolved}) is not "
+                                     f"under this server's --weights-dir {self.weights_dir}: save the weights there"},
+                                    status_code=403)
+            path = str(resolved)  # load the path that was checked (links resolved), not the one sent
         if body.get("load_format") not in (None, "auto", "safetensors"):
             return JSONResponse({"success": False, "message": f"load_format={body['load_format']!r} is not "
                                  "supported by agentrl engine serve (auto or safetensors)"}, status_code=400)
@@ -188,11 +221,15 @@ class _Server:
                              "num_paused_requests": 0})
 
 
-def create_app(engine: LocalEngine, model_path: str) -> FastAPI:
-    """The FastAPI app; run it with uvicorn (see `agentrl.inference.cli`)."""
+def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None,
+               weights_dir: Path | None = None) -> FastAPI:
+    """The FastAPI app; run it with uvicorn (see `agentrl.inference.cli`). `token`: the bearer token every route
+    but /health requires (None: no check); `weights_dir`: the resolved directory new weights must come from."""
     app = FastAPI(title="agentrl engine (SGLang-compatible)")
-    server = _Server(engine, model_path)
+    server = _Server(engine, model_path, weights_dir)
     app.state.server = server
+    if token is not None:
+        app.add_middleware(BearerAuth, token=token)
 
     @app.exception_handler(WireError)
     async def wire_error(_request: Request, exc: WireError):
@@ -294,4 +331,4 @@ def create_app(engine: LocalEngine, model_path: str) -> FastAPI:
     return app
 
 
-__all__ = ["create_app"]
+__all__ = ["WeightsDirError", "check_weights_dir", "create_app"]

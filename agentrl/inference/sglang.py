@@ -5,6 +5,8 @@ prefix; new sessions and session-less requests go to the server with the fewest 
 Connection errors and 5xx answers are retried (on another server when there is one) before an `EngineError`.
 Weight updates call `/update_weights_from_disk` on every server (the SGLang router does not broadcast them).
 Works against real SGLang (GPU) and against `agentrl engine serve` (CPU), which speaks the same format.
+With `engine.token_file` every request carries `Authorization: Bearer <token>` (SGLang's `--api-key`, `engine
+serve --token-file`); `start()` checks the token on each server; a 401 is a `ServiceAuthError`, never retried.
 
 Partial rollouts: `pause_generation(mode)` / `continue_generation()` broadcast SGLang's routes around a weight
 update. A request that comes back aborted because this client paused the servers keeps its tokens (each with the
@@ -29,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.auth import ServiceAuthError, bearer_headers, unauthorized
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.wire import generation_from_wire, sampling_params_to_wire, version_from_label
@@ -38,6 +41,7 @@ from agentrl.types import Generation, SamplingParams
 _MAX_STICKY_SESSIONS = 100_000
 _RETRYABLE = (httpx.TransportError,)  # connect/read errors, timeouts, protocol errors
 _MAX_BACKOFF_S = 30.0  # cap on one wait between /generate attempts (the base is engine.retry_backoff_s)
+_TOKEN_KEY = "engine.token_file"
 
 
 class SGLangEngine:
@@ -72,12 +76,14 @@ class SGLangEngine:
             limits = httpx.Limits(max_connections=self.config.max_connections,
                                   max_keepalive_connections=self.config.max_connections)
             timeout = httpx.Timeout(self.config.request_timeout_s, connect=10.0)
-            self._clients = [httpx.AsyncClient(base_url=u, limits=limits, timeout=timeout, transport=self._transport)
-                             for u in self.urls]
+            headers = bearer_headers(self.config.token_file, _TOKEN_KEY)
+            self._clients = [httpx.AsyncClient(base_url=u, limits=limits, timeout=timeout, transport=self._transport,
+                                               headers=headers) for u in self.urls]
         return self._clients
 
     async def start(self) -> None:
-        """Wait until every server answers /health (engine.health_timeout_s). Called on first use."""
+        """Wait until every server answers /health (engine.health_timeout_s) and, with engine.token_file, takes
+        the token (a 401 on /get_model_info raises ServiceAuthError naming engine.token_file). Called on first use."""
         if self._started:
             return
         if self._start_lock is None:
@@ -95,6 +101,8 @@ class SGLangEngine:
             try:
                 r = await self._http()[i].get("/health", timeout=5.0)
                 if r.status_code == 200:
+                    if self.config.token_file:  # /health is open: ask a route behind the token whether it is ours
+                        self._check_auth(i, await self._http()[i].get("/get_model_info", timeout=30.0))
                     return
                 last = f"HTTP {r.status_code}"
             except httpx.TransportError as e:
@@ -103,6 +111,10 @@ class SGLangEngine:
                 raise EngineError(f"SGLang server {self.urls[i]} not healthy after {self.config.health_timeout_s}s "
                                   f"(last: {last}); is it running? (agentrl engine launch-sglang / engine serve)")
             await asyncio.sleep(0.5)
+
+    def _check_auth(self, i: int, r: httpx.Response) -> None:
+        if r.status_code == 401:
+            raise unauthorized(f"SGLang server {self.urls[i]}", _TOKEN_KEY, _error_message(r))
 
     async def close(self) -> None:
         if self._background:  # let pending aborts of cancelled requests go out first
@@ -204,6 +216,7 @@ class SGLangEngine:
             else:
                 if r.status_code == 200:
                     return self._parse(r, idx)
+                self._check_auth(idx, r)
                 message = _error_message(r)
                 if r.status_code == 400:
                     if "context" in message or "max_model_len" in message or "too long" in message:
@@ -250,6 +263,7 @@ class SGLangEngine:
                                                   self.config.request_timeout_s)
             except httpx.TransportError as e:
                 raise EngineError(f"{self.urls[i]}{path}: {type(e).__name__}: {e}") from None
+            self._check_auth(i, r)
             data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
             if not isinstance(data, dict):
                 data = {"result": data}
@@ -258,6 +272,9 @@ class SGLangEngine:
             return data
 
         results = await asyncio.gather(*[one(i) for i in range(len(self.urls))], return_exceptions=True)
+        refused = next((e for e in results if isinstance(e, ServiceAuthError)), None)
+        if refused is not None:
+            raise refused
         errors = [str(e) for e in results if isinstance(e, BaseException)]
         if errors:
             raise EngineError(f"{len(errors)} of {len(self.urls)} servers failed: " + "; ".join(errors))
@@ -338,6 +355,8 @@ def _error_message(r: httpx.Response) -> str:
         err = data.get("error")
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])
+        if isinstance(err, str):  # SGLang's 401: {"error": "Unauthorized"}
+            return err
         if "message" in data:
             return str(data["message"])
         if "detail" in data:

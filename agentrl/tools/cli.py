@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agentrl.auth import TOKEN_HELP
 from agentrl.tools.errors import ToolSpecError
 
 SERVE_DESCRIPTION = """\
@@ -31,6 +32,9 @@ Routes:
                        a body without "arguments" (or not a JSON object) is a 400 saying so
   POST /sessions       {"tools_kwargs": {tool: {...}}} -> {"session_id": ...}; DELETE /sessions/ID closes it
   GET  /health         status, tools, stateful tools, open sessions, calls in flight
+
+With --token-file (or $AGENTRL_SERVICE_TOKEN) every route but /health needs "Authorization: Bearer TOKEN";
+a --host other than loopback refuses to start without a token.
 
 Example:
   agentrl tools serve agentrl.tools.builtin.calculator:calculator --port 8000
@@ -69,8 +73,10 @@ def load_tool_spec(spec: str) -> list[Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from agentrl.auth import service_token
     from agentrl.tools.service import serve
 
+    token = service_token(args.host, args.token_file, "agentrl tools serve")  # before importing any tool
     tools = [t for spec in args.specs for t in load_tool_spec(spec)]
     try:
         defaults = json.loads(args.tool_kwargs) if args.tool_kwargs else None
@@ -78,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ToolSpecError(f"--tool-kwargs is not valid JSON ({e.msg}); e.g. '{{\"lookup\": {{\"kb_path\": "
                          f"\"kb.jsonl\"}}}}'") from None
     serve(tools, host=args.host, port=args.port, defaults=defaults, max_concurrency=args.max_concurrency,
-          idle_ttl_s=args.idle_ttl_s, log_level=args.log_level)
+          idle_ttl_s=args.idle_ttl_s, log_level=args.log_level, token=token)
     return 0
 
 
@@ -113,8 +119,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve Python functions as a tool service (GET /tools, POST /tools/{name})",
                        description=SERVE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("specs", nargs="+", metavar="SPEC", help="package.module:fn1,fn2 or path/to/file.py:fn1")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1); any other needs a token")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: pick a free one); default 8000")
+    p.add_argument("--token-file", default=None, metavar="PATH", help=TOKEN_HELP)
     p.add_argument("--tool-kwargs", default=None,
                    help='JSON session defaults per tool, e.g. \'{"lookup": {"kb_path": "kb.jsonl"}}\'')
     p.add_argument("--max-concurrency", type=int, default=1024,

@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 from pydantic import Field, field_validator, model_validator
 
+from agentrl.auth import bearer_headers
 from agentrl.config import ConfigModel
 
 BUILTIN_TOOLS = ("calculator", "lookup", "python")
@@ -34,7 +35,8 @@ class ServiceConfig(ConfigModel):
     retries: int = Field(2, ge=0)  # extra attempts after a connection error, 503 or 504
     backoff_s: float = Field(0.1, ge=0)  # first backoff; doubles per retry, with jitter
     max_backoff_s: float = Field(5.0, gt=0)  # cap on one backoff, Retry-After included
-    headers: dict[str, str] = Field(default_factory=dict)  # e.g. an Authorization header
+    headers: dict[str, str] = Field(default_factory=dict)  # extra request headers
+    token_file: str | None = None  # the service's token (its --token-file): sent as Authorization: Bearer <token>
 
     @field_validator("url")
     @classmethod
@@ -56,7 +58,14 @@ class ServiceConfig(ConfigModel):
         if self.name is None:
             parsed = urlparse(self.url)
             self.name = parsed.netloc + (parsed.path if self.kind == "mcp" else "")
+        if self.token_file and any(k.lower() == "authorization" for k in self.headers):
+            raise ValueError("set either token_file or an Authorization header in headers, not both")
         return self
+
+    def request_headers(self, key: str) -> dict[str, str]:
+        """`headers` plus the bearer token of `token_file` (read now); `key` is where the service is configured,
+        named if the file cannot be read."""
+        return {**self.headers, **bearer_headers(self.token_file, field_key(key, "token_file"))}
 
     @property
     def call_budget_s(self) -> float:

@@ -117,13 +117,14 @@ class MCPToolService:
         self._conn: _Connection | None = None
         self._conn_lock = asyncio.Lock()
         self._validators: dict[str, Any] = {}
+        self._headers = cfg.request_headers(key)
 
     async def _connection(self) -> _Connection:
         async with self._conn_lock:
             if self._conn is None or not self._conn.alive:
                 if self._conn is not None:
                     await self._conn.close()
-                conn = _Connection(self.cfg.url, self.cfg.timeout_s, self.cfg.headers)
+                conn = _Connection(self.cfg.url, self.cfg.timeout_s, self._headers)
                 try:
                     await asyncio.wait_for(conn.ready.wait(), self.cfg.connect_timeout_s + self.cfg.timeout_s)
                 except TimeoutError:

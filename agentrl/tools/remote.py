@@ -22,6 +22,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from agentrl.auth import unauthorized
 from agentrl.errors import one_line
 from agentrl.retry import backoff_delay, parse_retry_after
 from agentrl.tools.base import ToolResult
@@ -101,7 +102,8 @@ class HTTPToolService:
         self._transport = transport  # the client's own transport; requests below go to it directly
         self._origin = Origin.from_url(cfg.url)
         self._base_path = urlsplit(cfg.url).path
-        self._headers = {"content-type": "application/json", **cfg.headers}
+        self._auth_headers = cfg.request_headers(key)  # headers + the bearer token: every request sends them
+        self._headers = {"content-type": "application/json", **self._auth_headers}
         self._heads: dict[tuple[str, str], bytes] = {}  # (method, path) -> request head, built once
         self.call_budget_s = cfg.call_budget_s
         self._own = Limit(cfg.max_concurrency)
@@ -115,13 +117,17 @@ class HTTPToolService:
         url_key = field_key(self.key, "url")
         not_ours = f"is {self.cfg.url} an agentrl tool service (`agentrl tools serve`)? fix {url_key} or the service"
         try:
-            tools = await self.client.get(f"{self.cfg.url}/tools", headers=self.cfg.headers, timeout=self._timeout)
-            health = await self.client.get(f"{self.cfg.url}/health", headers=self.cfg.headers,
+            tools = await self.client.get(f"{self.cfg.url}/tools", headers=self._auth_headers, timeout=self._timeout)
+            health = await self.client.get(f"{self.cfg.url}/health", headers=self._auth_headers,
                                            timeout=self._timeout)
         except httpx.HTTPError as e:
             port = urlsplit(self.cfg.url).port or "PORT"
             raise ToolServiceError(f"{self.where} is unreachable ({unreachable_reason(e, self.cfg)}): start it "
                                    f"with `agentrl tools serve module:fn --port {port}` or fix {url_key}") from None
+        if tools.status_code == 401:
+            detail = _json_body(tools)
+            raise unauthorized(self.where, field_key(self.key, "token_file"),
+                               excerpt(str(detail.get("detail") if isinstance(detail, dict) else tools.text)))
         if tools.status_code != 200:
             raise ToolServiceError(f"{self.where} answered GET /tools with HTTP {tools.status_code} "
                                    f"({excerpt(tools.text)}): {not_ours}")
@@ -228,7 +234,7 @@ class HTTPToolService:
         # service expires idle sessions itself.
         with contextlib.suppress(httpx.HTTPError):
             async with self._own, self._global or _NO_LIMIT:
-                await self.client.delete(f"{self.cfg.url}/sessions/{session_id}", headers=self.cfg.headers,
+                await self.client.delete(f"{self.cfg.url}/sessions/{session_id}", headers=self._auth_headers,
                                          timeout=min(self.cfg.timeout_s, 5.0))
 
     async def aclose(self) -> None:

@@ -14,6 +14,9 @@ Routes (the HTTP contract of docs/tools.md):
 - `POST /sessions` {tools_kwargs?} -> {session_id}; `DELETE /sessions/{id}` -> {closed}
 - `GET /health` -> {status, tools, stateful_tools, sessions, in_flight}
 
+With a `token` (`agentrl tools serve --token-file`), every route but `GET /health` needs `Authorization: Bearer
+<token>` and answers 401 without it (`agentrl.auth`).
+
 Tool faults never become 5xx: they are 200 responses with `is_error` and a policy `error_kind`. A 5xx means
 the service itself is broken, which clients count as an infrastructure failure.
 """
@@ -34,6 +37,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from agentrl.auth import BearerAuth, require_token
 from agentrl.services import bind_port, serve_asgi
 from agentrl.tools.toolset import ToolSet, UnknownSessionError
 
@@ -88,15 +92,20 @@ class ToolServiceApp:
     other route and the lifespan go to the FastAPI app `api`. Arguments are still validated by the tool's own
     pydantic model (`Tool.invoke`)."""
 
-    def __init__(self, api: FastAPI, toolset: ToolSet, max_concurrency: int, retry_after_s: float):
+    def __init__(self, api: FastAPI, toolset: ToolSet, max_concurrency: int, retry_after_s: float,
+                 token: str | None = None):
         self.api = api
         self.toolset = toolset
         self.max_concurrency = max_concurrency
         self.retry_after = f"{retry_after_s:g}".encode()
         self.in_flight = 0
         self.calls = 0
+        self._entry = self._route if token is None else BearerAuth(self._route, token)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        await self._entry(scope, receive, send)
+
+    async def _route(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/tools/"):
             await self._call_tool(scope["path"][len("/tools/"):], receive, send)
         else:
@@ -152,11 +161,13 @@ async def _send_json(send: Callable, status: int, body: Any, headers: list | Non
 
 
 def create_app(tools: Iterable[Any] | ToolSet, *, defaults: dict[str, dict] | None = None,
-               max_concurrency: int = 1024, idle_ttl_s: float = 3600.0, retry_after_s: float = 1.0) -> ToolServiceApp:
+               max_concurrency: int = 1024, idle_ttl_s: float = 3600.0, retry_after_s: float = 1.0,
+               token: str | None = None) -> ToolServiceApp:
     """The ASGI app serving `tools` (functions, `@tool`s or a ready `ToolSet`).
 
     `defaults` maps tool name -> session_factory kwargs (e.g. {"lookup": {"kb_path": "kb.jsonl"}}), merged
-    under each session's `tools_kwargs`. Sessions idle for `idle_ttl_s` are released.
+    under each session's `tools_kwargs`. Sessions idle for `idle_ttl_s` are released. `token`: the bearer token
+    every route but /health requires (None: no check).
     """
     toolset = tools if isinstance(tools, ToolSet) else ToolSet(tools, defaults=defaults, idle_ttl_s=idle_ttl_s)
 
@@ -175,7 +186,7 @@ def create_app(tools: Iterable[Any] | ToolSet, *, defaults: dict[str, dict] | No
             await toolset.aclose()  # release sandbox sessions and other per-session state on shutdown
 
     api = FastAPI(title="agentrl tool service", lifespan=lifespan)
-    app = ToolServiceApp(api, toolset, max_concurrency, retry_after_s)
+    app = ToolServiceApp(api, toolset, max_concurrency, retry_after_s, token)
 
     @api.get("/health")
     async def health() -> dict:
@@ -258,12 +269,14 @@ def http_protocol() -> type | str:
 
 def serve(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int = 8000,
           defaults: dict[str, dict] | None = None, max_concurrency: int = 1024, idle_ttl_s: float = 3600.0,
-          log_level: str = "warning") -> None:
+          log_level: str = "warning", token: str | None = None) -> None:
     """Serve `tools` until interrupted (the Python API behind `agentrl tools serve`; port 0 picks a free one).
 
     Prints "tool service ready on URL (...)" on stderr once it accepts calls; a taken port raises PortInUseError.
+    Beyond loopback a `token` is required (`agentrl.auth.require_token`).
     """
-    app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency, idle_ttl_s=idle_ttl_s)
+    require_token(host, token, "the tool service", fix="pass token=... or host='127.0.0.1'")
+    app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency, idle_ttl_s=idle_ttl_s, token=token)
     names = app.toolset.names()
     with bind_port(host, port) as sock:
         # A process of its own: move everything built so far (imports, tools) out of the collector's sight, so a
@@ -280,11 +293,12 @@ def serve(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int 
 @contextlib.contextmanager
 def serve_in_thread(tools: Iterable[Any] | ToolSet, *, host: str = "127.0.0.1", port: int = 0,
                     defaults: dict[str, dict] | None = None, max_concurrency: int = 1024,
-                    startup_timeout_s: float = 30.0) -> Iterator[str]:
+                    startup_timeout_s: float = 30.0, token: str | None = None) -> Iterator[str]:
     """Run a tool service in a background thread of this process; yields its base URL (notebooks, examples)."""
     import uvicorn
 
-    app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency)
+    require_token(host, token, "serve_in_thread", fix="pass token=... or host='127.0.0.1'")
+    app = create_app(tools, defaults=defaults, max_concurrency=max_concurrency, token=token)
     sock = bind_port(host, port)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, proxy_headers=False,

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Bottom to top. A name stands for the module and everything under it.
 LAYERS = [
     ("base", ["agentrl", "agentrl.types", "agentrl.errors", "agentrl.config", "agentrl.console", "agentrl.numerics",
-              "agentrl.files", "agentrl.retry", "agentrl.services", "agentrl.stats"]),
+              "agentrl.files", "agentrl.retry", "agentrl.services", "agentrl.stats", "agentrl.auth"]),
     ("sandbox", ["sandbox"]),
     ("components", ["agentrl.tools", "agentrl.inference", "agentrl.models"]),
     ("agent_loop", ["agentrl.agent_loop"]),
