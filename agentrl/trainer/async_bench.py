@@ -7,7 +7,9 @@
 
 Every side is a real `agentrl train` run (a subprocess, its own temp run dir) with the same model (default: the
 offline tiny model, built once in a temp dir), the same generated calc tasks (`agentrl data make calc`), the same
-budget (`--steps` steps of `--prompts` prompts x `--n` episodes, up to 4 assistant turns) and the same seed: sync
+budget (`--steps` steps of `--prompts` prompts x `--n` episodes, up to 4 assistant turns), the same engine threads
+(`--engine-threads`, default 1 as in the quickstart), the same `--set` overrides (`--async-set`: the async sides
+only) and the same seed: sync
 first, then async at each `--staleness` k (`trainer.max_staleness`), every async side with token-level TIS
 (`algorithm.rollout_correction.level=token`), the off-policy correction async mode requires.
 
@@ -84,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a small budget for a test: --steps 3 --prompts 2 --n 4 --max-new-tokens 32")
     parser.add_argument("--model", default=None, help="HF model dir (default: build the tiny model in a temp dir)")
+    parser.add_argument("--engine-threads", type=int, default=1,
+                        help="engine.num_threads on every side (default 1, as the quickstart: the engine shares the "
+                             "cores with the trainer's rank)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="train-config overrides for every side, e.g. actor.num_threads_per_worker=1")
+    parser.add_argument("--async-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="train-config overrides for the async sides only, after --set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="OUT", help="also write the table's rows to OUT as JSON")
     parser.add_argument("--keep", default=None, help="keep the run directories under this path")
@@ -100,7 +109,8 @@ def side_config(args: argparse.Namespace, model: Path, tasks: Path, run_dir: Pat
     data = {
         "model": {"path": str(model), "dtype": "float32", "gradient_checkpointing": False},
         "data": {"train_files": [str(tasks)], "train_batch_size": args.prompts, "shuffle": False},
-        "engine": {"backend": "local", "dtype": "float32", "max_batch_size": episodes},
+        "engine": {"backend": "local", "dtype": "float32", "max_batch_size": episodes,
+                   "num_threads": args.engine_threads},
         "tools": {"services": [{"name": "slow-calculator", "url": tool_url, "tools": ["calculator"],
                                 "timeout_s": 60, "max_concurrency": episodes}]},
         "agent": {"max_assistant_turns": 4, "max_new_tokens_per_turn": args.max_new_tokens,
@@ -114,10 +124,12 @@ def side_config(args: argparse.Namespace, model: Path, tasks: Path, run_dir: Pat
         "trainer": {"total_steps": args.steps, "run_dir": str(run_dir), "test_freq": 0, "save_freq": 0,
                     "resume": "never", "seed": args.seed, "loggers": ["jsonl"], "save_hf_model": False},
     }
+    overrides = list(args.set)
     if staleness is not None:
         data["trainer"].update(mode="async", max_staleness=staleness)
         data["algorithm"]["rollout_correction"] = {"level": "token"}
-    return load_config(TrainConfig, data=data)
+        overrides += args.async_set
+    return load_config(TrainConfig, data=data, overrides=overrides)
 
 
 def run_side(args: argparse.Namespace, model: Path, tasks: Path, run_dir: Path,

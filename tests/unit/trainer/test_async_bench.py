@@ -39,3 +39,24 @@ def test_long_tail_latencies_are_the_same_for_every_side_and_about_one_call_in_t
     assert set(first) == {0.3, 3.0}
     assert 60 <= first.count(3.0) <= 140
     assert {call_latency_s(i, 300, long_tail_seed=None) for i in range(100)} == {0.3}
+
+
+def test_sides_share_model_budget_and_overrides_and_only_async_sides_get_their_own(tmp_path):
+    import argparse
+
+    from agentrl.trainer.async_bench import add_arguments, side_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--set", "actor.lr=2e-4", "--async-set", "actor.num_threads_per_worker=1"])
+    sides = {k: side_config(args, tmp_path / "model", tmp_path / "tasks.jsonl", tmp_path / f"run{k}",
+                            "http://127.0.0.1:1", k) for k in (None, 2)}
+    sync, asynchronous = sides[None], sides[2]
+    assert sync.trainer.mode == "sync" and asynchronous.trainer.mode == "async"
+    assert asynchronous.trainer.max_staleness == 2 and asynchronous.algorithm.rollout_correction.level == "token"
+    assert sync.algorithm.rollout_correction.level is None
+    assert sync.actor.lr == asynchronous.actor.lr == 2e-4
+    assert sync.engine.num_threads == asynchronous.engine.num_threads == 1
+    assert sync.actor.num_threads_per_worker is None and asynchronous.actor.num_threads_per_worker == 1
+    assert (sync.data.train_batch_size, sync.rollout.n) == (asynchronous.data.train_batch_size,
+                                                              asynchronous.rollout.n) == (8, 8)
