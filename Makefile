@@ -8,10 +8,16 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH := 2.13.0
 # PyTorch's own index of CPU-only wheels: the default index's Linux torch is the CUDA build (GBs of CUDA libraries).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+# The sglang release whose own definitions tests/unit/inference/test_sglang_wire_schema.py checks the SGLang client
+# and `agentrl engine serve` against. Only its wheel is downloaded (never installed or imported: the test reads its
+# sources from the zip); --platform/--python-version pick the same file on every host, since the Python sources of
+# all its builds are the same.
+SGLANG_WIRE := 0.5.23
+SGLANG_WIRE_STAMP := $(VENV)/share/sglang-wire/.sglang-$(SGLANG_WIRE)
 
 .PHONY: setup quickstart test test-unit test-slow lint bwrap gxx chromium clean
 
-setup: $(STAMP) bwrap gxx chromium
+setup: $(STAMP) $(SGLANG_WIRE_STAMP) bwrap gxx chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +38,11 @@ ifneq ($(HAS_GPU),yes)
 endif
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+$(SGLANG_WIRE_STAMP): | $(BIN)/python
+	@if $(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+	    --platform manylinux_2_34_x86_64 --dest $(VENV)/share/sglang-wire sglang==$(SGLANG_WIRE); then touch $@; \
+	else echo "warning: could not download the sglang==$(SGLANG_WIRE) wheel; the SGLang wire-format tests will skip"; fi
 
 bwrap:
 	@if ! command -v bwrap >/dev/null 2>&1; then \

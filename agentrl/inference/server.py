@@ -7,13 +7,15 @@ path is exercised end to end on CPU.
 
 Weight versions: `/update_weights_from_disk` takes SGLang's `weight_version` label (default: the engine's update
 count); every /generate answer's `meta_info.weight_version` is the label of the weights that sampled its last
-token and, beyond SGLang, `meta_info.weight_versions` the label of each output token's. `/pause_generation`
+token and `meta_info.weight_versions` SGLang's spans of output tokens sampled under each label. `/pause_generation`
 with mode "abort" returns requests in flight now (finish_reason abort, tokens so far); "retract" and "in_place"
 hold them; requests sent while paused wait for `/continue_generation`. Rows still in flight when new weights
 load are re-prefilled under them (`LocalEngine.update_weights`, on_running="continue").
 Every SGLang sampling parameter is honoured (`ignore_eos` and `min_new_tokens` included) or, where the local
 engine cannot honour its value, rejected with HTTP 400 naming the field (`wire.sampling_params_from_wire`);
-there is no prefix cache (`cached_tokens` is always 0) and no streaming.
+there is no prefix cache (`cached_tokens` is always 0) and no streaming. Top-level /generate fields beyond the
+ones read here are ignored at SGLang's defaults (null, false, 0, empty) and refused by name otherwise, except
+routing, caching and logging hints, which never change an answer (`_IGNORED`).
 
 Access: with a `token` (`--token-file`) every route but `GET /health` needs `Authorization: Bearer <token>`, as
 SGLang's `--api-key` does (`agentrl.auth`). With a `weights_dir` (`--weights-dir`), `/update_weights_from_disk`
@@ -36,16 +38,14 @@ from agentrl.auth import BearerAuth, is_loopback
 from agentrl.errors import UserError
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.local import LocalEngine
-from agentrl.inference.wire import WireError, finish_reason_to_wire, sampling_params_from_wire
+from agentrl.inference.wire import WireError, finish_reason_to_wire, sampling_params_from_wire, weight_version_spans
 
-_TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-              "return_text_in_logprobs", "rid", "stream", "token_ids_logprob", "return_hidden_states",
-              "image_data", "audio_data", "video_data", "lora_path", "custom_logit_processor", "bootstrap_host",
-              "bootstrap_port", "bootstrap_room", "data_parallel_rank", "input_embeds", "session_params",
-              "log_metrics", "priority"}
-_UNSUPPORTED_IF_SET = ("token_ids_logprob", "image_data", "audio_data", "video_data", "lora_path",
-                       "custom_logit_processor", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-                       "input_embeds", "session_params")
+# /generate fields (sglang 0.5.23 `GenerateReqInput`) the server reads, and those it may ignore whatever their value
+_READ = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+         "return_text_in_logprobs", "rid", "stream"}
+_IGNORED = {"session_id", "log_metrics", "priority", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank",
+            "routing_key", "conversation_id", "extra_key", "cache_salt", "kv_hints", "custom_labels", "no_logs",
+            "external_trace_header", "received_time", "http_worker_ipc", "background"}
 
 
 class WeightsDirError(UserError):
@@ -115,18 +115,15 @@ class _Server:
         return seqs, batched
 
     def _check_top_level(self, body: dict) -> None:
-        unknown = sorted(set(body) - _TOP_LEVEL)
-        if unknown:
-            raise WireError(f"unknown /generate fields {unknown}")
-        for key in _UNSUPPORTED_IF_SET:
-            if body.get(key) not in (None, False, [], {}):
-                raise WireError(f"{key} is not supported by agentrl engine serve")
+        """Fields set beyond `_READ` and `_IGNORED` (multimodal inputs, LoRA, extra outputs, ...) are refused."""
+        refused = sorted(k for k, value in body.items() if value and k not in _READ | _IGNORED)
+        if refused:
+            raise WireError(f"/generate fields {refused} are not supported by agentrl engine serve (it reads "
+                            f"{sorted(_READ)}); leave them out or use a real SGLang server")
         if body.get("stream"):
             raise WireError("stream=true is not supported by agentrl engine serve; send stream=false")
         if body.get("top_logprobs_num") not in (None, 0):
             raise WireError("top_logprobs_num > 0 is not supported by agentrl engine serve")
-        if body.get("return_hidden_states"):
-            raise WireError("return_hidden_states is not supported by agentrl engine serve")
 
     async def generate(self, body: dict) -> Any:
         self._check_top_level(body)
@@ -176,7 +173,8 @@ class _Server:
             "cached_tokens": 0,
             "e2e_latency": time.perf_counter() - t0,
             "weight_version": self.label(gen.metrics["weight_version"]),
-            "weight_versions": [self.label(v) for v in gen.weight_versions],
+            "weight_versions": weight_version_spans([self.label(v) for v in gen.weight_versions],
+                                                    self.label(gen.metrics["weight_version"])),
         }
         if return_logprob:
             meta["output_token_logprobs"] = [
@@ -270,12 +268,12 @@ def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None
         if mode not in ("abort", "retract", "in_place"):
             return _error(400, f"pause_generation mode must be abort, retract or in_place, got {mode!r}")
         in_flight = await asyncio.to_thread(engine.pause, mode)
-        return {"success": True, "message": f"Generation paused ({mode}); {in_flight} requests were in flight."}
+        return {"message": f"Generation paused ({mode}); {in_flight} requests were in flight.", "status": "ok"}
 
     @app.post("/continue_generation")
     async def continue_generation():
         engine.resume()
-        return {"success": True, "message": "Generation continued."}
+        return {"message": "Generation continued.", "status": "ok"}
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():

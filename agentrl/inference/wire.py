@@ -3,11 +3,13 @@
 Client side: `sampling_params_to_wire` sends every sampling value explicitly (SGLang 0.5.23 fills omitted ones
 from the model's generation_config.json) with `skip_special_tokens=false` and `no_stop_trim=true`;
 `generation_from_wire` reads `output_ids` + `meta_info.output_token_logprobs` back into a `Generation`, and the
-weight version of each token from `meta_info.weight_versions` (agentrl engine serve) or, from SGLang, which
-reports one `meta_info.weight_version` per request, that label for every token (`version_from_label`).
+weight version of each token from `meta_info.weight_versions`, SGLang's spans `[{"version", "start", "end"}]`
+over the output tokens (sglang 0.5.23), or, where an answer has no spans (older releases), from its one
+`meta_info.weight_version` label for every token (`version_from_label`).
 Server side: `sampling_params_from_wire` honours SGLang's fields (`ignore_eos` and `min_new_tokens` included)
 and rejects, by name, the ones the local engine cannot honour (a non-neutral penalty, `min_p`, `n > 1`,
-`stop_regex`, constrained decoding, ...).
+`stop_regex`, constrained decoding, ...); `weight_version_spans` writes the spans.
+tests/unit/inference/test_sglang_wire_schema.py checks both sides against SGLang's own definitions.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ def sampling_params_to_wire(params: SamplingParams) -> dict[str, Any]:
 
 # SGLang's sampling_params (sglang `srt/sampling/sampling_params.py`), each honoured or refused by name.
 # field -> the only value the local engine can honour (anything else is rejected with a clear message)
+# (an empty list or object counts as neutral too: SGLang's defaults of logit_bias and choice are {} and [])
 _NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
             "n": 1, "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
-            "logit_bias": None, "custom_params": None, "stream_interval": None}
+            "logit_bias": None, "custom_params": None, "stream_interval": None, "beam_width": None,
+            "watermark": None, "choice": None}
 # honoured: by the engine (SamplingParams) or by the server when it renders the text
 _ENGINE_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed",
                   "ignore_eos", "min_new_tokens")
@@ -73,7 +77,7 @@ def sampling_params_from_wire(d: dict | None, *, max_new_tokens_default: int = 1
         raise WireError(f"sampling_params fields {unknown} are not SGLang sampling parameters "
                         f"(known: {sorted(known)})")
     for key, neutral in _NEUTRAL.items():
-        if given.get(key) is not None and given[key] != neutral:
+        if given.get(key) not in (None, [], {}) and given[key] != neutral:
             raise WireError(f"sampling_params.{key}={given[key]!r} is not supported by agentrl engine serve "
                             f"(only {neutral!r}); use a real SGLang server for it")
     d = {k: v for k, v in given.items() if v is not None}
@@ -132,13 +136,37 @@ def version_from_label(label: Any) -> int | None:
     return None
 
 
+def weight_version_spans(labels: list[str], last: str) -> list[dict[str, Any]]:
+    """Per-token weight version labels -> SGLang's `meta_info.weight_versions`: spans of equal labels,
+    `{"version", "start", "end"}` with `end` exclusive; no tokens: one empty span of `last`, as SGLang says it."""
+    spans: list[dict[str, Any]] = []
+    for i, label in enumerate(labels):
+        if spans and spans[-1]["version"] == label:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": label, "start": i, "end": i + 1})
+    return spans or [{"version": last, "start": 0, "end": 0}]
+
+
+def _labels_from_spans(spans: Any, n: int) -> list[Any] | None:
+    """SGLang's weight version spans -> one label per output token; None unless they tile [0, n) in order."""
+    if not isinstance(spans, list):
+        return None
+    labels: list[Any] = []
+    for span in spans:
+        if not isinstance(span, dict) or span.get("start") != len(labels) or not isinstance(span.get("end"), int):
+            return None
+        labels += [span.get("version")] * (span["end"] - span["start"])
+    return labels if len(labels) == n else None
+
+
 def _weight_versions(meta: dict, n: int) -> list[int]:
-    """One version per output token, or [] when the labels are not numbers (see `version_from_label`)."""
-    labels = meta.get("weight_versions")
-    if not isinstance(labels, list) or len(labels) != n:
-        labels = [meta.get("weight_version")] * n
-    versions = [version_from_label(label) for label in labels]
-    return [] if None in versions else versions
+    """One version per output token, or [] when a label is not a number (see `version_from_label`) or the spans
+    do not cover the output tokens."""
+    spans = meta.get("weight_versions")
+    labels = [meta.get("weight_version")] * n if spans is None else _labels_from_spans(spans, n)
+    versions = [version_from_label(label) for label in labels or []]
+    return [] if labels is None or None in versions else versions
 
 
 def generation_from_wire(resp: dict) -> Generation:
@@ -160,4 +188,4 @@ def generation_from_wire(resp: dict) -> Generation:
 
 
 __all__ = ["WireError", "sampling_params_to_wire", "sampling_params_from_wire", "finish_reason_to_wire",
-           "finish_reason_from_wire", "generation_from_wire", "version_from_label"]
+           "finish_reason_from_wire", "generation_from_wire", "version_from_label", "weight_version_spans"]

@@ -58,8 +58,12 @@ def test_weight_version_labels_become_per_token_versions():
     meta = {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-1.0, 5, None], [-2.0, 6, None]]}
     per_request = generation_from_wire({"output_ids": [5, 6], "meta_info": {**meta, "weight_version": "2"}})
     assert per_request.weight_versions == [2, 2]
+    spans = [{"version": "2", "start": 0, "end": 1}, {"version": "3", "start": 1, "end": 2}]
     per_token = generation_from_wire({"output_ids": [5, 6], "meta_info": {**meta, "weight_version": "3",
-                                                                           "weight_versions": ["2", "3"]}})
+                                                                           "weight_versions": spans}})
     assert per_token.weight_versions == [2, 3] and per_token.metrics["weight_version"] == "3"
+    gap = [{"version": "2", "start": 0, "end": 1}]  # spans that miss a token: no version rather than a wrong one
+    assert generation_from_wire({"output_ids": [5, 6], "meta_info": {**meta, "weight_version": "2",
+                                                                     "weight_versions": gap}}).weight_versions == []
     unnamed = generation_from_wire({"output_ids": [5, 6], "meta_info": {**meta, "weight_version": "rl-step"}})
     assert unnamed.weight_versions == []
