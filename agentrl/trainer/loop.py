@@ -329,7 +329,8 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
     if train_critic:
         metrics.update(value_metrics(batch["values"], batch["returns"], mask))
 
-    corrected, corr_stats = rollout_correction(batch, alg.rollout_correction)
+    in_update = in_update_correction(cfg)  # else the weights (and rejections) from pi_old, computed above
+    corrected, corr_stats = ({}, {}) if in_update else rollout_correction(batch, alg.rollout_correction)
     batch.update(corrected)
     batch["loss_mask"], truncated_stats = mask_truncated(batch["loss_mask"], episodes, enabled=alg.mask_truncated)
     metrics.update({**corr_stats, **truncated_stats})
@@ -344,9 +345,11 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
         metrics.update(prefixed("critic/", critic_out))
     with timed("timing/update_s", timing):  # reuse_old: the update also puts pi_old in batch["old_logprobs"]
         actor_out = await asyncio.to_thread(workers.update_policy, batch, temperature=temperature,
-                                            reuse_old_logprobs=reuse_old,
+                                            reuse_old_logprobs=reuse_old, is_correction=in_update,
                                             **update_options(cfg.actor, cfg.rollout.n, update_seed))
     metrics.update(prefixed("actor/", actor_out))
+    if in_update:  # the weights the loss used, from the pi_old the update wrote back: their metrics
+        metrics.update(rollout_correction(batch, alg.rollout_correction)[1])
     if not alg.rollout_correction.bypass_mode:  # reused pi_old exists only on the trained tokens
         metrics.update(drift_metrics(batch["rollout_logprobs"], batch["old_logprobs"],
                                      batch["loss_mask"] if reuse_old else mask, batch["turn_ids"],
@@ -396,12 +399,23 @@ def serving_version(engine) -> int | None:
 
 def reuses_old_logprobs(cfg: TrainConfig) -> bool:
     """pi_old comes from the update's first forward (no separate pass) when nothing needs it before the update:
-    one PPO epoch, no rollout correction or rejection (they weight the loss by pi_old / pi_rollout), no
-    reward-side KL (it shapes the rewards from pi_old), not bypass mode (pi_old is pi_rollout there)."""
+    one PPO epoch, no reward-side KL (it shapes the rewards from pi_old), not bypass mode (pi_old is pi_rollout
+    there), no rejection and no sequence-level correction (they need whole trajectories' pi_old before the
+    loss). Token-level correction weights are computed inside the update from its own pi_old
+    (`in_update_correction`)."""
     alg = cfg.algorithm
     corr = alg.rollout_correction
     return (cfg.actor.reuse_old_logprobs and cfg.actor.ppo_epochs == 1 and not alg.use_kl_in_reward
-            and not corr.bypass_mode and corr.level is None and corr.rejection.level is None)
+            and not corr.bypass_mode and corr.level in (None, "token") and corr.rejection.level is None)
+
+
+def in_update_correction(cfg: TrainConfig) -> tuple | None:
+    """(level, threshold, mode) of a token-level rollout correction the update computes from its own pi_old
+    (`reuses_old_logprobs`); None when there is none, or the driver computes it before the update."""
+    corr = cfg.algorithm.rollout_correction
+    if corr.level is None or not reuses_old_logprobs(cfg):
+        return None
+    return corr.level, corr.is_threshold, corr.mode
 
 
 def needs_reference(cfg: TrainConfig) -> bool:

@@ -27,6 +27,7 @@ from agentrl.trainer.algos import (
     logprobs_and_entropy_from_logits,
     logprobs_from_logits,
     ppo_objective,
+    rollout_is_weights,
 )
 from agentrl.trainer.batch import materialize, mini_batches, scatter_rows, split_shared_prefixes
 from agentrl.trainer.config import ActorConfig, ModelConfig
@@ -44,6 +45,7 @@ class PolicyWorker(FSDPWorker):
                          deterministic=deterministic)
         self.with_ref = with_ref
         self._reused_old: list[torch.Tensor] = []  # pi_old taken from training forwards (update_policy reuse_old)
+        self._in_loss_correction: tuple | None = None  # (level, threshold, mode) of update_policy's is_correction
 
     @property
     def actor(self) -> ActorConfig:
@@ -208,10 +210,15 @@ class PolicyWorker(FSDPWorker):
             self._reused_old.append(old.cpu())
         optional = {name: mb[name].to(self.device) if name in mb.keys() else None
                     for name in ("rollout_logprobs", "rollout_is_weights", "ref_logprobs")}
+        mask = mb["loss_mask"].to(self.device)
+        is_weights = optional["rollout_is_weights"]
+        if is_weights is None and self._in_loss_correction is not None:  # from this update's own pi_old
+            level, threshold, mode = self._in_loss_correction
+            is_weights, _ = rollout_is_weights(old - optional["rollout_logprobs"], mask, level, threshold, mode=mode)
         inputs = PolicyLossInputs(
             logprobs_B_T=logp, old_logprobs_B_T=old, advantages_B_T=mb["advantages"].to(self.device),
-            mask_B_T=mb["loss_mask"].to(self.device), rollout_logprobs_B_T=optional["rollout_logprobs"],
-            is_weights_B_T=optional["rollout_is_weights"], agg_mode=a.loss_agg_mode, num_tokens=num_tokens,
+            mask_B_T=mask, rollout_logprobs_B_T=optional["rollout_logprobs"],
+            is_weights_B_T=is_weights, agg_mode=a.loss_agg_mode, num_tokens=num_tokens,
             num_seqs=num_seqs, scale_factor=a.loss_scale_factor)
         return ppo_objective(
             inputs, a.policy_loss.loss_mode, a.policy_loss_knobs(),
@@ -225,7 +232,7 @@ class PolicyWorker(FSDPWorker):
         return loss, {"sft_loss": loss.detach()}
 
     def update_policy(self, mini_batches: list[list[TensorDict]], counts: list[tuple[int, int]],
-                      temperature: float, reuse_old: bool = False):
+                      temperature: float, reuse_old: bool = False, is_correction: tuple | None = None):
         """One optimizer step per mini-batch (its micro-batches accumulate); the LR schedule advances once.
 
         counts[k] = (loss tokens, trajectories) of mini-batch k over ALL ranks. Returns mini-batch averages of
@@ -237,9 +244,16 @@ class PolicyWorker(FSDPWorker):
         optimizer step, and the first mini-batch takes its logprobs from its training forward (the same weights,
         no dropout: exactly pi_old, so the ratio is exactly 1 there). Returns (metrics, old logprobs [b, w] per
         micro-batch per mini-batch) so the driver has pi_old for its metrics and records.
+
+        is_correction (with reuse_old): (level "token", threshold, mode) of `algorithm.rollout_correction`; the
+        loss weights each token by `rollout_is_weights(pi_old - pi_rollout)` from this pi_old, the weights the
+        driver would compute from a separate pi_old pass.
         """
         if not reuse_old:
             return self._train(self._ppo_loss, mini_batches, counts, temperature)
+        if is_correction is not None and is_correction[0] != "token":
+            raise ValueError(f"rollout correction inside the update is per token; level {is_correction[0]!r} needs "
+                             "whole trajectories and a separate pi_old pass")
         exact = self._reuse_is_exact()
         old: list[list[torch.Tensor]] = []
         for k, micro_batches in enumerate(mini_batches):
@@ -250,8 +264,11 @@ class PolicyWorker(FSDPWorker):
                 old.append(logps)
             else:
                 old.append([])
-        self._reused_old = []
-        metrics = self._train(self._ppo_loss, mini_batches, counts, temperature)
+        self._reused_old, self._in_loss_correction = [], is_correction
+        try:
+            metrics = self._train(self._ppo_loss, mini_batches, counts, temperature)
+        finally:
+            self._in_loss_correction = None
         if exact:
             old[0] = self._reused_old
         self._reused_old = []
@@ -306,20 +323,22 @@ class WorkerGroup(FSDPGroup):
 
     def update_policy(self, batch: TensorDict, *, temperature: float, mini_batch_size: int, epochs: int = 1,
                       shuffle: bool = True, seed: int = 0, strategy: str = "bucket",
-                      reuse_old_logprobs: bool = False) -> dict[str, float]:
+                      reuse_old_logprobs: bool = False, is_correction: tuple | None = None) -> dict[str, float]:
         """PPO epochs x mini-batches of `mini_batch_size` trajectories; needs old_logprobs (and ref_logprobs
         when the KL loss is on) in `batch`. Returns the worker metrics of `PolicyWorker.update_policy`.
 
         reuse_old_logprobs (one epoch only): `batch` has no old_logprobs yet; the ranks take pi_old from the
         update itself (`PolicyWorker.update_policy`, reuse_old) and this call writes it to batch["old_logprobs"]
-        — the same values a separate `compute_logprobs` pass gives, without the first mini-batch's extra forward."""
+        — the same values a separate `compute_logprobs` pass gives, without the first mini-batch's extra forward.
+        is_correction: token-level rollout-correction weights computed in the loss from that pi_old
+        (`PolicyWorker.update_policy`)."""
         steps = mini_batches(batch.batch_size[0], mini_batch_size, epochs=epochs, shuffle=shuffle, seed=seed)
         if not reuse_old_logprobs:
             return self._dispatch_train("update_policy", batch, steps, strategy, temperature)
         if epochs != 1:
             raise ValueError("reuse_old_logprobs needs epochs == 1: a later epoch's forward is no longer pi_old")
         per_rank, counts, plans = self._plan_train(batch, steps, strategy)
-        results = self._call("update_policy", [(per_rank[r], counts, temperature, True)
+        results = self._call("update_policy", [(per_rank[r], counts, temperature, True, is_correction)
                                                for r in range(self.world_size)])
         size, width = batch["input_ids"].shape
         old = torch.zeros(size, width)

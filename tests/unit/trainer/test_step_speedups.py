@@ -14,10 +14,15 @@ from test_worker import ragged_episodes
 
 from agentrl.config import load_config
 from agentrl.inference import sampling
-from agentrl.trainer.algos import entropy_from_logits, logprobs_and_entropy_from_logits, logprobs_from_logits
+from agentrl.trainer.algos import (
+    entropy_from_logits,
+    logprobs_and_entropy_from_logits,
+    logprobs_from_logits,
+    rollout_is_weights,
+)
 from agentrl.trainer.batch import episodes_to_batch, split_shared_prefixes
 from agentrl.trainer.config import ActorConfig, ModelConfig, TrainConfig
-from agentrl.trainer.loop import reuses_old_logprobs
+from agentrl.trainer.loop import in_update_correction, reuses_old_logprobs
 from agentrl.trainer.weight_sync import SharedStateDict
 from agentrl.trainer.worker import WorkerGroup
 from agentrl.types import Episode, SamplingParams
@@ -172,14 +177,21 @@ def test_shared_prompt_prefix_is_off_where_it_cannot_work(tiny_model_dir):
         group.shutdown()
 
 
+def separate_and_reused_batches(separate: WorkerGroup, reused: WorkerGroup) -> tuple:
+    """The same batch twice, each with its group's reference logprobs; the first with pi_old from a separate
+    pass, the second without (the update computes it)."""
+    a, b = fresh_batch(), fresh_batch()
+    for g, batch in ((separate, a), (reused, b)):
+        batch["ref_logprobs"], _ = g.compute_logprobs(batch, temperature=0.9, ref=True)
+    a["old_logprobs"], _ = separate.compute_logprobs(a, temperature=0.9)
+    return a, b
+
+
 @pytest.mark.parametrize("mini_batch_size", [8, 4])  # one optimizer step, and two
 def test_reused_old_logprobs_give_the_same_update(tiny_model_dir, mini_batch_size):
     separate, reused = make_group(tiny_model_dir), make_group(tiny_model_dir)
     try:
-        a, b = fresh_batch(), fresh_batch()
-        for g, batch in ((separate, a), (reused, b)):
-            batch["ref_logprobs"], _ = g.compute_logprobs(batch, temperature=0.9, ref=True)
-        a["old_logprobs"], _ = separate.compute_logprobs(a, temperature=0.9)
+        a, b = separate_and_reused_batches(separate, reused)
         m_a = separate.update_policy(a, temperature=0.9, mini_batch_size=mini_batch_size, seed=3)
         assert "old_logprobs" not in b.keys()
         m_b = reused.update_policy(b, temperature=0.9, mini_batch_size=mini_batch_size, seed=3,
@@ -217,9 +229,46 @@ def test_reuse_needs_one_epoch_and_falls_back_with_dropout(groups):
 def test_reuse_is_used_only_when_nothing_needs_pi_old_before_the_update():
     base = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]}}
     assert reuses_old_logprobs(load_config(TrainConfig, data=base))
+    assert in_update_correction(load_config(TrainConfig, data=base)) is None
     for override in ("actor.ppo_epochs=2", "actor.reuse_old_logprobs=false", "algorithm.use_kl_in_reward=true",
-                     "algorithm.rollout_correction.level=token", "algorithm.rollout_correction.bypass_mode=true"):
-        assert not reuses_old_logprobs(load_config(TrainConfig, data=base, overrides=[override])), override
+                     "algorithm.rollout_correction.level=sequence", "algorithm.rollout_correction.bypass_mode=true",
+                     "algorithm.rollout_correction.rejection={level: token, lower: 0.5, upper: 2.0}"):
+        cfg = load_config(TrainConfig, data=base, overrides=[override])
+        assert not reuses_old_logprobs(cfg) and in_update_correction(cfg) is None, override
+    # Token-level weights need only each token's pi_old: the update computes them from its own.
+    tis = load_config(TrainConfig, data=base, overrides=["algorithm.rollout_correction.level=token"])
+    icepop = load_config(TrainConfig, data=base, overrides=["algorithm.rollout_correction.level=token",
+                                                            "algorithm.rollout_correction.mode=mask"])
+    assert reuses_old_logprobs(tis) and in_update_correction(tis) == ("token", 2.0, "truncate")
+    assert in_update_correction(icepop) == ("token", (0.5, 2.0), "mask")
+
+
+@pytest.mark.parametrize("threshold, mode", [(2.0, "truncate"), ((0.8, 1.25), "mask")])  # TIS, IcePop
+def test_token_correction_inside_the_update_equals_weights_from_a_separate_pass(tiny_model_dir, threshold, mode):
+    separate, reused = make_group(tiny_model_dir), make_group(tiny_model_dir)
+    try:
+        a, b = separate_and_reused_batches(separate, reused)
+        mask = a["loss_mask"].bool()
+        shift = torch.linspace(-1.0, 1.0, mask.numel()).reshape(mask.shape)  # stale samplers: ratios 1/e..e
+        for batch in (a, b):
+            batch["rollout_logprobs"] = (a["old_logprobs"] + shift) * a["loss_mask"]
+        a["rollout_is_weights"], stats = rollout_is_weights(a["old_logprobs"] - a["rollout_logprobs"], a["loss_mask"],
+                                                            "token", threshold, mode=mode)
+        assert 0 < stats["rollout_corr/corrected_frac"] < 1  # some weights truncated or masked, some not
+        m_a = separate.update_policy(a, temperature=0.9, mini_batch_size=4, seed=3)
+        m_b = reused.update_policy(b, temperature=0.9, mini_batch_size=4, seed=3, reuse_old_logprobs=True,
+                                   is_correction=("token", threshold, mode))
+        for name in ("pg_loss", "kl_loss", "grad_norm", "pg_clipfrac"):
+            assert m_b[name] == pytest.approx(m_a[name], rel=1e-5, abs=1e-7), name
+        wa, wb = separate.full_state_dict(), reused.full_state_dict()
+        for name in wa:
+            torch.testing.assert_close(wb[name], wa[name], atol=1e-6, rtol=1e-5, msg=name)
+        with pytest.raises(ValueError, match="per token"):
+            reused.update_policy(fresh_batch(), temperature=0.9, mini_batch_size=8, reuse_old_logprobs=True,
+                                 is_correction=("sequence", threshold, mode))
+    finally:
+        separate.shutdown()
+        reused.shutdown()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
