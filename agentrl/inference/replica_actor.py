@@ -55,7 +55,7 @@ class EngineReplicaActor:
 
     async def ping(self) -> dict:
         return {"weight_version": self.engine.weight_version, "node": ray.util.get_node_ip_address(),
-                "pid": os.getpid()}
+                "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     async def pause(self, mode: str) -> int:
         import asyncio
@@ -110,6 +110,7 @@ class RayReplica:
     def __init__(self, index: int, model_path: str, config: EngineConfig):
         self.index = index
         self.name = f"engine replica {index}"
+        self.info: dict = {}  # its last health check's answer: weight version, node, node id, pid
         cuda = config.device.startswith("cuda")
         threads = config.num_threads or 1
         replica_config = config.model_copy(update={"replicas": 1, "num_threads": threads,
@@ -142,7 +143,7 @@ class RayReplica:
 
     async def ping(self) -> dict:
         info = await self._call("ping")
-        self.name = _name(self.index, info)
+        self.info, self.name = info, _name(self.index, info)
         return info
 
     async def pause(self, mode: str) -> int:
@@ -210,7 +211,7 @@ def _wait_started(replicas: list[RayReplica], config: EngineConfig) -> None:
         except ray.exceptions.RayError as e:
             problems.append(f"{replica.name}: {_first_line(e)}")
         else:
-            replica.name = _name(replica.index, info)
+            replica.info, replica.name = info, _name(replica.index, info)
     if problems:
         for r in replicas:
             r.kill()
