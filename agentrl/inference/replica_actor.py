@@ -11,6 +11,7 @@ as numpy arrays, which every replica on a node maps without a copy and copies in
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Mapping
@@ -26,6 +27,8 @@ from agentrl.inference.base import EngineError
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.replicas import ReplicaDiedError, ReplicatedEngine, model_max_len
 from agentrl.types import Generation, SamplingParams
+
+log = logging.getLogger(__name__)
 
 _NUMPY_VIEW = {torch.bfloat16: np.int16}  # torch dtypes numpy lacks travel as same-width integers
 _CONTROL_CALLS = 16  # room for health checks and weight updates beside a full queue of generate calls
@@ -184,6 +187,11 @@ def start_replicas(model_path: str | Path, config: EngineConfig) -> ReplicatedEn
         raise ModelNotFoundError(f"{path} is not a Hugging Face model directory (no config.json): "
                                  f"build one with `agentrl init-model` or pass a downloaded model dir")
     started = start_ray()
+    needed, free = config.replicas * (config.num_threads or 1), ray.available_resources().get("CPU", 0.0)
+    if free < needed:  # an autoscaler may add room; a fixed cluster will not, and start-up waits for the timeout
+        log.warning("%d engine replicas need %g Ray CPUs, %g are free now: they wait for room up to "
+                    "engine.replica_timeout_s=%gs (a local Ray's CPUs are a count: raise trainer.ray_num_cpus)",
+                    config.replicas, needed, free, config.replica_timeout_s)
     try:
         replicas = [RayReplica(i, str(path), config) for i in range(config.replicas)]
         _wait_started(replicas, config)
