@@ -11,6 +11,7 @@ as numpy arrays, which every replica on a node maps without a copy and copies in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import warnings
@@ -61,8 +62,6 @@ class EngineReplicaActor:
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     async def pause(self, mode: str) -> int:
-        import asyncio
-
         return await asyncio.to_thread(self.engine.pause, mode)
 
     async def resume(self) -> None:
@@ -136,9 +135,8 @@ class RayReplica:
                        request_id: str) -> Generation:
         try:
             return await self._call("generate", input_ids, params, session_id, request_id)
-        except BaseException as e:
-            if not isinstance(e, Exception):  # cancelled (episode timeout): free the replica's slot
-                self.actor.abort.remote(request_id)
+        except asyncio.CancelledError:  # the caller gave up (episode timeout): free the replica's slot
+            self.actor.abort.remote(request_id)
             raise
 
     async def update_weights(self, weights: Any, version: int, on_running: str) -> int:

@@ -286,7 +286,8 @@ class ReplicatedEngine:
         if on_running not in ("continue", "abort"):
             raise ValueError(f"on_running must be 'continue' or 'abort', got {on_running!r}")
         version = self.weight_version + 1 if version is None else version
-        shared = str(weights) if isinstance(weights, (str, Path)) else self._share(weights)
+        # off the event loop: putting a large model into the object store takes seconds
+        shared = str(weights) if isinstance(weights, (str, Path)) else await asyncio.to_thread(self._share, weights)
         self._latest = (shared, version)
         self._pushes += 1
         await self._fan_out([(i, self.replicas[i].update_weights(shared, version, on_running))

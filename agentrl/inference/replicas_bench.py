@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -137,7 +138,8 @@ def run(args) -> int:
         path = build_tiny_model(Path(tmp.name) / args.size, size=args.size, seed=args.seed)
     import ray
 
-    started = start_ray(log_to_driver=False)
+    # a Ray started here counts at least one CPU per replica, so the largest side starts on a smaller host too
+    started = start_ray(num_cpus=max(os.cpu_count() or 1, *counts), log_to_driver=False)
     try:
         print(f"== {args.episodes} concurrent episodes x {args.turns} turns x {args.tokens} tokens (greedy, "
               f"ignore_eos), {args.prompt_len}-token prompts, model {path.name}, {args.rounds} measured round(s) "
