@@ -244,33 +244,40 @@ class ReplicatedEngine:
         return "; ".join(self.last_errors.get(i, f"{r.name} is down") for i, r in enumerate(self.replicas)
                          if not self.healthy[i])
 
-    async def _fan_out(self, calls: list[tuple[int, Any]], what: str) -> dict[int, Any]:
-        """Await one call per replica within engine.replica_timeout_s; {replica: answer} of the ones that answered.
-        A replica that died is restarted (it loads the newest weights before it takes work); replicas that did not
-        answer in time raise ReplicaTimeoutError naming them; any other error is raised as it is."""
-        tasks = {asyncio.ensure_future(call): i for i, call in calls}
+    async def _fan_out(self, what: str, method: str, *args, only: int | None = None,
+                       late_is_dead: bool = False) -> dict[int, Any]:
+        """`replica.method(*args)` on every live replica (or on replica `only`), awaited within
+        engine.replica_timeout_s; returns {replica: answer} of the ones that answered. A replica that died is
+        restarted (it loads the newest weights before it takes work). Replicas that did not answer in time raise
+        ReplicaTimeoutError naming them, or with `late_is_dead` are replaced as dead ones are. Any other error is
+        raised as it is."""
+        targets = self._live() if only is None else [only]
+        tasks = {asyncio.ensure_future(getattr(self.replicas[i], method)(*args)): (i, self.replicas[i])
+                 for i in targets}
         if not tasks:
             return {}
         done, late = await asyncio.wait(tasks, timeout=self.config.replica_timeout_s)
+        for task in late:
+            task.cancel()
         answers: dict[int, Any] = {}
         for task in done:
-            i, error = tasks[task], task.exception()
+            (i, replica), error = tasks[task], task.exception()
             if isinstance(error, ReplicaDiedError):
-                self._lost(i, self.replicas[i], str(error))
+                self._lost(i, replica, str(error))
             elif error is not None:
-                for other in late:
-                    other.cancel()
                 raise error
             else:
                 answers[i] = task.result()
-        if late:
-            for task in late:
-                task.cancel()
-            names = ", ".join(self.replicas[tasks[t]].name for t in sorted(late, key=tasks.get))
-            raise ReplicaTimeoutError(f"{names} did not answer the {what} within engine.replica_timeout_s="
-                                      f"{self.config.replica_timeout_s:g}s: see the replica's log (Ray's "
-                                      f"`ray logs`), or raise engine.replica_timeout_s for a large model")
-        return answers
+        if not late:
+            return answers
+        slow = sorted(tasks[t] for t in late)
+        why = f"did not answer the {what} within engine.replica_timeout_s={self.config.replica_timeout_s:g}s"
+        if late_is_dead:
+            for i, replica in slow:
+                self._lost(i, replica, f"{replica.name} {why}")
+            return answers
+        raise ReplicaTimeoutError(f"{', '.join(r.name for _, r in slow)} {why}: see the replica's log (Ray's "
+                                  f"`ray logs`), or raise engine.replica_timeout_s for a large model")
 
     def _live(self) -> list[int]:
         return [i for i, up in enumerate(self.healthy) if up]
@@ -290,40 +297,39 @@ class ReplicatedEngine:
         shared = str(weights) if isinstance(weights, (str, Path)) else await asyncio.to_thread(self._share, weights)
         self._latest = (shared, version)
         self._pushes += 1
-        await self._fan_out([(i, self.replicas[i].update_weights(shared, version, on_running))
-                             for i in self._live()], f"weight update to version {version}")
+        await self._fan_out(f"weight update to version {version}", "update_weights", shared, version, on_running)
         self.weight_version = version
 
     async def check_health(self) -> list[int]:
-        """Ping every live replica; the ones that died are restarted. Returns the replicas that answered."""
-        return sorted(await self._fan_out([(i, self.replicas[i].ping()) for i in self._live()], "health check"))
+        """Ping every live replica (as slime checks its engines); the ones that died or did not answer within
+        engine.replica_timeout_s are replaced. Returns the replicas that answered."""
+        return sorted(await self._fan_out("health check", "ping", late_is_dead=True))
 
     async def pause(self, mode: Literal["abort", "retract", "in_place"] = "in_place") -> int:
         """`LocalEngine.pause` on every replica (restarted ones come up paused); returns the requests in flight."""
         if mode not in ("abort", "retract", "in_place"):
             raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
         self._paused = mode
-        answers = await self._fan_out([(i, self.replicas[i].pause(mode)) for i in self._live()], "pause")
+        answers = await self._fan_out("pause", "pause", mode)
         return sum(answers.values())
 
     async def resume(self) -> None:
         self._paused = None
-        await self._fan_out([(i, self.replicas[i].resume()) for i in self._live()], "resume")
+        await self._fan_out("resume", "resume")
 
     async def abort(self, request_id: str) -> bool:
         """Finish `request_id` with "abort" on the replica running it; False if it is unknown or done."""
         idx = self._where.get(request_id)
         if idx is None or not self.healthy[idx]:
             return False
-        return bool((await self._fan_out([(idx, self.replicas[idx].abort(request_id))], "abort")).get(idx))
+        return bool((await self._fan_out("abort", "abort", request_id, only=idx)).get(idx))
 
     async def abort_all(self) -> int:
-        return sum((await self._fan_out([(i, self.replicas[i].abort_all()) for i in self._live()],
-                                        "abort")).values())
+        return sum((await self._fan_out("abort", "abort_all")).values())
 
     async def replica_stats(self) -> dict[int, dict]:
         """Each live replica's `LocalEngine.stats` (decode steps, prefill tokens, ...)."""
-        return await self._fan_out([(i, self.replicas[i].stats()) for i in self._live()], "stats")
+        return await self._fan_out("stats", "stats")
 
     def metrics(self) -> dict[str, float]:
         """Counters for the step's metrics: requests retried after their replica died, replicas restarted, and

@@ -224,6 +224,19 @@ async def test_a_weight_update_waits_for_every_replica_and_names_the_one_that_di
     assert isinstance(info.value, EngineError)
 
 
+async def test_a_health_check_replaces_a_replica_that_does_not_answer():
+    cluster = Cluster(2)
+    engine = cluster.engine(replica_timeout_s=0.05)
+    await engine.update_weights({"w": torch.ones(1)}, version=3)
+    cluster.replicas[0].ping_hold.clear()  # hung: alive, but answers nothing
+    assert await engine.check_health() == [1]
+    assert engine.healthy == [False, True]
+    assert "fake replica 0 did not answer the health check" in engine.last_errors[0]
+    await until(lambda: all(engine.healthy), "replica 0 replaced")
+    assert cluster.replicas[0].dead and engine.replicas[0] is cluster.spawned[0] and cluster.spawned[0].version == 3
+    await engine.close()
+
+
 async def test_a_replica_that_dies_during_a_weight_update_is_restarted_with_those_weights():
     cluster = Cluster(2)
     engine = cluster.engine()
