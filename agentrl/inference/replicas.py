@@ -178,9 +178,11 @@ class ReplicatedEngine:
                         self._restart_in_background(i)
             pending = set(self._restarts.values())
             left = deadline - loop.time()
-            if not pending or left <= 0:
-                raise EngineError(f"no engine replica is up after {self.config.replica_timeout_s:g}s "
-                                  f"(engine.replica_timeout_s): {self._down_report()}")
+            if not pending:
+                raise EngineError(f"no engine replica is up and their restarts failed: {self._down_report()}")
+            if left <= 0:
+                raise EngineError(f"no engine replica came back within engine.replica_timeout_s="
+                                  f"{self.config.replica_timeout_s:g}s: {self._down_report()}")
             await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
 
     # ------------------------------------------------------------------ faults

@@ -12,7 +12,7 @@ import ray
 import torch
 from helpers import forcing_weights
 
-from agentrl.inference import EngineConfig, make_engine
+from agentrl.inference import EngineConfig, PromptTooLongError, make_engine
 from agentrl.inference.local import LocalEngine
 from agentrl.inference.replicas import ReplicatedEngine
 from agentrl.types import SamplingParams
@@ -67,6 +67,10 @@ async def test_two_replicas_answer_as_one_local_engine(replicated, model, tiny_m
     # every turn of an episode stays on its replica
     again = await _generate_all(replicated, [p + g.token_ids for p, g in zip(PROMPTS, got)])
     assert [a.metrics["replica"] for a in again] == [g.metrics["replica"] for g in got]
+    # a request's own error comes back as the replica's engine raised it, not as a replica fault
+    with pytest.raises(PromptTooLongError, match="shorten the prompt or raise engine.max_model_len"):
+        await replicated.generate([5] * replicated.max_model_len, GREEDY, session_id="too-long")
+    assert replicated.metrics()["engine/replica_retries"] == 0
 
 
 async def test_a_weight_update_reaches_every_replica(replicated, model):

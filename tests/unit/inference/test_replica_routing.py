@@ -257,7 +257,8 @@ async def test_when_replicas_keep_dying_the_request_fails_as_an_engine_error_nam
                                           r"fake replica \d died: killed; fake replica \d died: killed"):
         await engine.generate([1], PARAMS, session_id="a")
     await until(lambda: not engine._restarts, "the replacements failed")
-    with pytest.raises(EngineError, match="no engine replica is up .* fake replica 0 did not come back"):
+    with pytest.raises(EngineError, match="no engine replica is up and their restarts failed: "
+                                          "fake replica 0 did not come back"):
         await engine.generate([1], PARAMS, session_id="b")
     await engine.close()
     assert all(r.dead for r in cluster.replicas)
