@@ -303,7 +303,7 @@ class ReplicatedEngine:
         self.weight_version = version
 
     async def check_health(self) -> list[int]:
-        """Ping every live replica (as slime checks its engines); the ones that died or did not answer within
+        """Ping every live replica; the ones that died or did not answer within
         engine.replica_timeout_s are replaced. Returns the replicas that answered."""
         return sorted(await self._fan_out("health check", "ping", late_is_dead=True))
 
