@@ -29,6 +29,7 @@ COMMAND_MODULES: list[str] = [
 BENCH_MODULES: dict[str, str] = {
     "tools": "agentrl.tools.bench",
     "engine": "agentrl.inference.bench",
+    "replicas": "agentrl.inference.replicas_bench",
     "rollout": "agentrl.agent_loop.bench",
     "rewards": "agentrl.agent_loop.reward_bench",
     "sandbox": "sandbox.bench",

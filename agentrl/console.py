@@ -63,7 +63,7 @@ def progress(total: int, desc: str, unit: str = "episodes", stream: TextIO | Non
 def quiet_third_party() -> None:
     """Turn off what other libraries print that a person does not need: Hugging Face weight-loading bars, Ray's
     usage statistics and ANSI colours in Ray's worker prefixes when stdout is not a terminal (Ray's start-up
-    notices: `agentrl.trainer.worker.start_ray`).
+    notices: `agentrl.services.start_ray`).
 
     Environment variables are set only where the user has not set them, so e.g. `HF_HUB_DISABLE_PROGRESS_BARS=0`
     brings the bars back; they are inherited by Ray workers and child services started afterwards.

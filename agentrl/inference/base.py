@@ -6,6 +6,8 @@ Every agent turn is one `Engine.generate(input_ids, params)` call. Implementatio
   background decode thread (CPU default, usable on one GPU).
 - `agentrl.inference.sglang.SGLangEngine`: HTTP client for one or more SGLang servers (GPU clusters), or for
   `agentrl engine serve` (the same wire format served by a LocalEngine).
+- `agentrl.inference.replicas.ReplicatedEngine`: N LocalEngines in Ray actors (`engine.replicas`), an episode's
+  turns on one of them, new episodes on the least loaded, a dead one's requests retried on another.
 
 Logprobs are `log_softmax(logits / temperature)` of each sampled token, computed before top-p/top-k filtering,
 the same definition the trainer uses (`agentrl.trainer.algos.logprobs_from_logits`). With temperature 0

@@ -12,7 +12,8 @@ from agentrl.config import ConfigModel
 class EngineConfig(ConfigModel):
     """How rollouts are generated.
 
-    backend "local": a `LocalEngine` (transformers, continuous batching on a decode thread) in this process.
+    backend "local": a `LocalEngine` (transformers, continuous batching on a decode thread) in this process; with
+    `replicas` > 1, that many LocalEngines, each in a Ray actor (`agentrl.inference.replicas.ReplicatedEngine`).
     backend "sglang": an `SGLangEngine` client for the servers in `urls` (started with
     `agentrl engine launch-sglang`, or `agentrl engine serve` for a CPU stand-in).
 
@@ -34,6 +35,14 @@ class EngineConfig(ConfigModel):
     num_threads: int | None = Field(None, ge=1)  # torch intra-op threads for the decode thread; None: torch's default
     prefix_cache_tokens: int = Field(32768, ge=0)  # KV of finished turns kept per session_id for the next turn; 0: off
     shared_prefix_cache_tokens: int = Field(16384, ge=0)  # KV of recent prompts, reused by shared prefixes; 0: off
+
+    # --- engine replicas (backend "local"; for "sglang" the replicas are the servers in `urls`, routed alike) ---
+    # LocalEngines, each a Ray actor wherever the cluster has room (1 CPU thread and Ray CPU each unless num_threads
+    # says more); an episode's turns stay on one replica, new episodes go to the least loaded. 1: in this process
+    replicas: int = Field(1, ge=1)
+    replica_resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources each replica asks for
+    replica_timeout_s: float = Field(300.0, gt=0)  # a replica's start, health check or weight update; then EngineError
+    max_replica_retries: int = Field(2, ge=0)  # a request whose replica died is retried on another this many times
 
     # --- sglang client ---
     urls: list[str] = Field(default_factory=list)  # e.g. ["http://127.0.0.1:30000"]
@@ -59,6 +68,9 @@ class EngineConfig(ConfigModel):
         if self.backend == "sglang" and not self.urls:
             raise ValueError("engine.backend is 'sglang' but engine.urls is empty: list the server URLs "
                              "(start them with `agentrl engine launch-sglang`)")
+        if self.backend == "sglang" and self.replicas > 1:
+            raise ValueError(f"engine.replicas={self.replicas} is for backend 'local'; with 'sglang' every server in "
+                             "engine.urls is a replica: list them there and leave engine.replicas at 1")
         return self
 
 

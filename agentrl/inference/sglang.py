@@ -1,7 +1,7 @@
 """SGLangEngine: the Engine protocol over one or more SGLang servers' native HTTP API.
 
-Routing: an episode's turns (same `session_id`) go to the same server so its radix cache reuses the shared
-prefix; new sessions and session-less requests go to the server with the fewest requests in flight.
+Routing (`routing.StickyRouter`): an episode's turns (same `session_id`) go to the same server so its radix cache
+reuses the shared prefix; new sessions and session-less requests go to the server with the fewest requests in flight.
 Connection errors and 5xx answers are retried (on another server when there is one) before an `EngineError`.
 Weight updates call `/update_weights_from_disk` on every server (the SGLang router does not broadcast them).
 Works against real SGLang (GPU) and against `agentrl engine serve` (CPU), which speaks the same format.
@@ -21,10 +21,8 @@ caller as a plain "abort".
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,11 +32,11 @@ import httpx
 from agentrl.auth import ServiceAuthError, bearer_headers, unauthorized
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.config import EngineConfig
+from agentrl.inference.routing import StickyRouter
 from agentrl.inference.wire import generation_from_wire, sampling_params_to_wire, version_from_label
 from agentrl.retry import backoff_delay
 from agentrl.types import Generation, SamplingParams
 
-_MAX_STICKY_SESSIONS = 100_000
 _RETRYABLE = (httpx.TransportError,)  # connect/read errors, timeouts, protocol errors
 _MAX_BACKOFF_S = 30.0  # cap on one wait between /generate attempts (the base is engine.retry_backoff_s)
 _TOKEN_KEY = "engine.token_file"
@@ -52,12 +50,10 @@ class SGLangEngine:
             raise ValueError("SGLangEngine needs at least one server URL, e.g. ['http://127.0.0.1:30000']")
         self.urls = [u.rstrip("/") for u in urls]
         self.config = config or EngineConfig(backend="sglang", urls=list(self.urls))
-        self.in_flight = [0] * len(self.urls)
-        self._sticky: OrderedDict[str, int] = OrderedDict()
+        self.router = StickyRouter(len(self.urls))
         self._clients: list[httpx.AsyncClient] | None = None
         self._started = False
         self._start_lock: asyncio.Lock | None = None
-        self._rr = itertools.count()
         self._transport = transport
         self._background: set[asyncio.Task] = set()
         self._resumed = asyncio.Event()  # cleared from pause_generation until continue_generation
@@ -126,26 +122,14 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ routing
 
-    def _pick(self, session_id: str | None, exclude: set[int]) -> int:
-        if session_id is not None:
-            idx = self._sticky.get(session_id)
-            if idx is not None and idx not in exclude:
-                self._sticky.move_to_end(session_id)
-                return idx
-        candidates = [i for i in range(len(self.urls)) if i not in exclude] or list(range(len(self.urls)))
-        low = min(self.in_flight[i] for i in candidates)
-        tied = [i for i in candidates if self.in_flight[i] == low]
-        idx = tied[next(self._rr) % len(tied)]
-        if session_id is not None:
-            self._sticky[session_id] = idx
-            self._sticky.move_to_end(session_id)
-            while len(self._sticky) > _MAX_STICKY_SESSIONS:
-                self._sticky.popitem(last=False)
-        return idx
+    @property
+    def in_flight(self) -> list[int]:
+        """Requests on the wire to each server now."""
+        return self.router.in_flight
 
     def server_for(self, session_id: str) -> str | None:
         """The URL an episode is pinned to (None before its first turn)."""
-        idx = self._sticky.get(session_id)
+        idx = self.router.pinned(session_id)
         return None if idx is None else self.urls[idx]
 
     # ------------------------------------------------------------------ generate
@@ -204,8 +188,8 @@ class SGLangEngine:
         for attempt in range(attempts):
             if attempt:
                 await asyncio.sleep(backoff_delay(attempt - 1, self.config.retry_backoff_s, _MAX_BACKOFF_S))
-            idx = self._pick(session_id, tried)
-            self.in_flight[idx] += 1
+            idx = self.router.pick(session_id, tried)
+            self.router.in_flight[idx] += 1
             try:
                 r = await self._http()[idx].post("/generate", json=body)
             except asyncio.CancelledError:
@@ -226,7 +210,7 @@ class SGLangEngine:
                 if r.status_code < 500:
                     break
             finally:
-                self.in_flight[idx] -= 1
+                self.router.in_flight[idx] -= 1
             tried.add(idx)
             if len(tried) >= len(self.urls):
                 tried.clear()

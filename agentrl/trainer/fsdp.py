@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDict
 
 from agentrl.numerics import usable_cores
-from agentrl.services import free_port
+from agentrl.services import free_port, start_ray
 from agentrl.trainer.batch import MicroBatchPlan, materialize, plan_micro_batches
 from agentrl.trainer.checkpoint import SHARDS_DIR
 from agentrl.trainer.config import ModelConfig
@@ -353,29 +353,6 @@ class FSDPWorker:
             self._shared_weights = None
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def start_ray(address: str | None = None, num_cpus: int | None = None, *, log_to_driver: bool = True) -> bool:
-    """`ray.init` unless Ray is already up; returns True when this call started it (the caller shuts it down).
-
-    Ray's INFO start-up lines are off, and so is the warning a local start prints that token authentication is
-    on (Ray's default, unchanged here; `RAY_AUTH_MODE` decides as usual).
-
-    The workers of a Ray started here run at the driver's priority: Ray's default niceness for workers (15) starves
-    the trainer ranks, which do the heavy compute, whenever anything else wants the CPU (a code-suite smoke run took
-    292 s instead of 23 s beside two other jobs). `RAY_worker_niceness` set by the user wins."""
-    import logging
-
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if address is None:
-        os.environ.setdefault("RAY_worker_niceness", "0")
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-             logging_level=logging.WARNING)
-    return True
 
 
 class FSDPGroup:

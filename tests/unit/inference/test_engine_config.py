@@ -19,6 +19,10 @@ def test_config_errors_name_the_key_and_fix():
         load_config(EngineConfig, data={"backend": "sglang", "urls": ["127.0.0.1:30000"]})
     with pytest.raises(ConfigError, match="max_batch_size must be >= 1"):
         load_config(EngineConfig, data={"max_batch_size": 0})
+    with pytest.raises(ConfigError, match="every server in engine.urls is a replica"):
+        load_config(EngineConfig, data={"backend": "sglang", "urls": ["http://127.0.0.1:30000"], "replicas": 2})
+    with pytest.raises(ConfigError, match="replicas must be >= 1"):
+        load_config(EngineConfig, data={"replicas": 0})
 
 
 async def test_make_engine_builds_each_backend(tiny_model_dir):
