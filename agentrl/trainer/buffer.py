@@ -4,15 +4,16 @@
                    wait for a free episode slot and for the staleness budget
                    task = sampler.next(); run rollout.n episodes of it as one group (a task of its own)
                    finished group -> buffer
-    trainer:   groups = buffer.take(train_batch_size)   (as soon as that many are finished)
+    trainer:   groups = buffer.take(groups_per_step)   (as soon as that many are finished; then refills)
 
-The staleness budget is AReaL's: at most `(trainer_version + max_staleness + 1) * train_batch_size` groups are
-ever submitted (plus the replacements the trainer asks for when it drops groups), so a group is submitted at most
+`groups_per_step` is what sync mode's first round draws: data.gen_batch_size, else data.train_batch_size. The
+staleness budget is AReaL's: at most `(trainer_version + max_staleness + 1) * groups_per_step` groups are ever
+submitted (plus the refills and replacements the trainer asks for), so a group is submitted at most
 `max_staleness` versions before the update that trains on it. With max_staleness 0 the producer submits step s's
 groups only once the weights of step s - 1 are in the engine, so async trains exactly the batches sync trains.
 
-Group g (counted from 0 over the whole run) is named `step{s}-0-task{i}` with s = g // train_batch_size + 1 and
-i = g % train_batch_size, the uid sync mode gives the same task: sampling seeds derive from it, so the same group
+Group g (counted from 0 over the whole run) is named `step{s}-0-task{i}` with s = g // groups_per_step + 1 and
+i = g % groups_per_step, the uid sync mode gives the same task: sampling seeds derive from it, so the same group
 samples the same tokens in both modes.
 
 Replacement groups take the next indices, so after a drop a step's groups carry the names of later ones. A
@@ -78,7 +79,7 @@ class GroupBuffer:
         self.changed.set()
 
     def replace(self, count: int) -> None:
-        """Submit `count` more groups in place of ones the trainer dropped."""
+        """Submit `count` more groups: a refill round's, or in place of stale ones the trainer dropped."""
         self.extra += count
         self.changed.set()
 
@@ -97,7 +98,7 @@ class GroupBuffer:
     def sampler_state(self) -> dict:
         """The sampler's position for a checkpoint: where the oldest group not yet taken was drawn, so a resume
         draws it again (groups in flight or buffered are regenerated, not saved). Groups drawn after it and
-        already trained are drawn again too: at most (max_staleness + 1) * train_batch_size of them."""
+        already trained are drawn again too: at most (max_staleness + 1) * groups_per_step of them."""
         pending = {**self.sampler_at, **self.untrained}
         return pending[min(pending)] if pending else self.sampler.state_dict()
 

@@ -224,29 +224,36 @@ def finish_collect(kept: list[list[Episode]], generated: list[Episode], stats: d
 
 async def collect_from_buffer(buffer: GroupBuffer, cfg: TrainConfig, step: int,
                               trainer_version: int) -> tuple[list[Episode], dict, list[Episode]]:
-    """The async counterpart of `collect_episodes`: take `data.train_batch_size` finished groups as soon as they
-    are ready; drop (and count) the groups more than `trainer.max_staleness` versions behind `trainer_version`
-    (the weights the engine serves) and have the producer replace them; infra failures, reward errors and
-    zero-variance groups are handled as in sync mode, refills included (at most `algorithm.max_filter_rounds`
-    extra rounds). Writes every taken group to episodes.jsonl under `step`."""
+    """The async counterpart of `collect_episodes`, round for round: the first round takes the step's
+    `buffer.groups_per_step` groups (data.gen_batch_size, else train_batch_size: what sync mode's first round
+    draws) as soon as they are finished; infra failures, reward errors and zero-variance groups are handled as in
+    sync mode, and a refill round (at most `algorithm.max_filter_rounds`) has the producer submit and takes as
+    many more groups as sync mode's would draw (`round_prompts`). Groups more than `trainer.max_staleness`
+    versions behind `trainer_version` (the weights the engine serves) are dropped, counted, and replaced one for
+    one outside the refill rounds. Writes every taken group to episodes.jsonl under `step`."""
     from agentrl.agent_loop.rollout import EPISODES_FILE, write_episodes
 
     stats: defaultdict = defaultdict(float)
     kept: list[list[Episode]] = []
     generated: list[Episode] = []
     refills = cfg.algorithm.max_filter_rounds if cfg.algorithm.filter_zero_variance_groups else 0
-    wanted, rounds = cfg.data.train_batch_size, 0
-    while wanted:
-        groups = [group for _, group in await buffer.take(wanted)]
+    take, rounds = buffer.groups_per_step, 0
+    while take:
+        groups = [group for _, group in await buffer.take(take)]
         generated += [ep for group in groups for ep in group]
         trainable = keep_groups(groups, cfg, stats)
         fresh, stale = filter_stale_groups(trainable, cfg.trainer.max_staleness, trainer_version)
         stats["data/stale_groups_dropped"] += stale
         kept += fresh
-        refill = len(groups) - len(trainable) if refills > rounds and len(trainable) < len(groups) else 0
-        rounds += bool(refill)
-        wanted = stale + refill
-        buffer.replace(wanted)
+        missing = cfg.data.train_batch_size - len(kept)
+        if missing <= 0:
+            break
+        if len(trainable) < len(groups) and rounds < refills:  # a refill round, sized as sync mode's
+            rounds += 1
+            take = round_prompts(missing, cfg.data)
+        else:
+            take = min(stale, missing)
+        buffer.replace(take)
     stats["data/rollout_rounds"] = rounds + 1
     if cfg.rollout.dump_episodes and generated:
         write_episodes(Path(cfg.trainer.run_dir) / EPISODES_FILE, generated, step=step, n=cfg.rollout.n)
@@ -271,6 +278,8 @@ async def train_step(step: int, cfg: TrainConfig, *, rollout, sampler, workers, 
     if buffer is not None:
         buffer.step_done(step)
         metrics.update(buffer.metrics())
+    if callable(getattr(engine, "metrics", None)):  # engine replicas: requests retried, replicas restarted and up
+        metrics.update(engine.metrics())
     return {**metrics, **timing}
 
 
@@ -635,7 +644,7 @@ async def start_buffer(cfg: TrainConfig, rollout, sampler: TaskSampler, trained_
     group indices `resume_from` names). Sync mode: None."""
     if cfg.trainer.mode == "sync":
         return None
-    buffer = GroupBuffer(rollout, sampler, groups_per_step=cfg.data.train_batch_size,
+    buffer = GroupBuffer(rollout, sampler, groups_per_step=cfg.data.gen_batch_size or cfg.data.train_batch_size,
                          max_staleness=cfg.trainer.max_staleness, max_episodes=cfg.rollout.max_concurrent_episodes,
                          group_size=cfg.rollout.n, trained_steps=trained_steps,
                          total_steps=cfg.trainer.total_steps, resume_from=resume_from)

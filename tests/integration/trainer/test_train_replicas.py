@@ -48,3 +48,5 @@ def test_two_replicas_train_what_one_local_engine_trains(ray_session, tiny_model
         assert g["response_logprobs"] == pytest.approx(w["response_logprobs"], abs=1e-5)
     rows = [r for r in read_metrics(two) if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:  # the engine's replica counters are step metrics
+        assert row["engine/replicas_up"] == 2 and row["engine/replica_retries"] == 0

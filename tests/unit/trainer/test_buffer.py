@@ -117,3 +117,45 @@ async def test_a_resume_after_a_drop_regenerates_the_groups_under_their_names():
         assert buffer.budget() == 2 * 3 + 1  # the budget counts the replacement granted before the stop
     finally:
         await buffer.close()
+
+
+class RewardedRollout:
+    """Finishes each group at once; a task's group has reward variance when `signal(task index)`."""
+
+    def __init__(self, signal):
+        self.signal, self.started = signal, []
+
+    async def generate_group(self, task: Task, *, uid: str, slots: asyncio.Semaphore) -> list[Episode]:
+        self.started.append(task.task_id)
+        rewards = (0.0, 1.0) if self.signal(int(task.task_id[1:])) else (1.0, 1.0)
+        return [Episode(uid=uid, prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-1.0],
+                        response_versions=[0], messages=[], task_id=task.task_id, reward=r) for r in rewards]
+
+
+@pytest.mark.parametrize("signal, rounds, taken", [
+    (lambda i: i % 2 == 0, 1, ["t0", "t1", "t2", "t3"]),  # the first round (gen_batch_size groups) is enough
+    (lambda i: i % 4 == 0, 2, ["t0", "t1", "t2", "t3", "t4", "t5"]),  # one refill, oversampled as sync's: 1 -> 2
+])
+async def test_async_rounds_take_what_sync_rounds_draw(signal, rounds, taken, tmp_path):
+    from agentrl.config import load_config
+    from agentrl.trainer.config import TrainConfig
+    from agentrl.trainer.loop import collect_from_buffer
+
+    cfg = load_config(TrainConfig, data={"model": {"path": "m"}, "data": {
+        "train_files": ["t.jsonl"], "train_batch_size": 2, "gen_batch_size": 4}}, overrides=[
+        "rollout.n=2", "actor.ppo_mini_batch_size=2", "algorithm.filter_zero_variance_groups=true",
+        "algorithm.max_filter_rounds=2",
+        "trainer.mode=async", "trainer.max_staleness=1", "algorithm.rollout_correction.level=token",
+        "rollout.dump_episodes=false", f"trainer.run_dir={tmp_path}"])
+    rollout = RewardedRollout(signal)
+    buffer = GroupBuffer(rollout, TaskSampler(tasks(20), 2, shuffle=False, seed=0), groups_per_step=4,
+                         max_staleness=1, max_episodes=64, group_size=2, trained_steps=0, total_steps=5)
+    buffer.start()
+    try:
+        episodes, stats, generated = await collect_from_buffer(buffer, cfg, step=1, trainer_version=0)
+    finally:
+        await buffer.close()
+    assert sorted({ep.task_id for ep in generated}, key=lambda t: int(t[1:])) == taken
+    assert stats["data/groups"] == 2 and stats["data/rollout_rounds"] == rounds
+    assert {ep.task_id for ep in episodes} == {t for t in taken if signal(int(t[1:]))}
+    assert stats["data/zero_var_groups"] == len(taken) - sum(signal(int(t[1:])) for t in taken)
