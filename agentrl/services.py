@@ -231,6 +231,10 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, *, log_to
     Ray's INFO start-up lines are off, and so is the warning a local start prints that token authentication is
     on (Ray's default, unchanged here; `RAY_AUTH_MODE` decides as usual).
 
+    `address` None starts a new local Ray (`ray.init(address="local")`), whatever else runs on the host: left to
+    itself `ray.init()` joins the newest Ray started on the machine (RAY_ADDRESS, /tmp/ray/ray_current_cluster),
+    another user's or another job's included. "auto" or an address joins a cluster.
+
     The workers of a Ray started here run at the driver's priority: Ray's default niceness for workers (15) starves
     the trainer ranks and engine replicas, which do the heavy compute, whenever anything else wants the CPU (a
     code-suite smoke run took 292 s instead of 23 s beside two other jobs). `RAY_worker_niceness` set by the user
@@ -244,6 +248,6 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, *, log_to
     if address is None:
         os.environ.setdefault("RAY_worker_niceness", "0")
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
+    ray.init(address=address or "local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
              logging_level=logging.WARNING)
     return True

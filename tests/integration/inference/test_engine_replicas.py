@@ -28,7 +28,7 @@ def replicated(tiny_model_dir):
     """Two single-thread replicas of the tiny model on a local Ray of this module's own."""
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     engine = make_engine(EngineConfig(replicas=2, max_batch_size=8, replica_timeout_s=120), str(tiny_model_dir))
     yield engine
     asyncio.run(engine.close())

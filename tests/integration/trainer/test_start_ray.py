@@ -34,3 +34,11 @@ def test_ray_workers_run_at_the_drivers_priority(user_setting, expected):
     assert out.returncode == 0, out.stdout + out.stderr
     driver, worker = (int(x) for x in out.stdout.split("niceness", 1)[1].split())
     assert worker == driver + expected
+
+
+def test_a_local_start_ignores_another_ray_on_the_host():
+    """trainer.ray_address unset means a Ray of the run's own: not the newest one on the host (RAY_ADDRESS, or
+    /tmp/ray/ray_current_cluster while another job's cluster runs), which `ray.init()` alone would join."""
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}  # an address where no Ray listens
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
