@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from agentrl.errors import RankDiedError, UserError
 from agentrl.numerics import usable_cores
 from agentrl.services import free_port, start_ray
 from agentrl.trainer.batch import MicroBatchPlan, materialize, plan_micro_batches
@@ -405,6 +406,9 @@ class FSDPGroup:
             return [getattr(self.workers[0], method)(*args[0], **kwargs)]
         import ray
 
+        if not self.workers:  # a rank died and the group was stopped: nothing may pretend to succeed (a checkpoint)
+            raise RuntimeError(f"{type(self).__name__}.{method}: the group's ranks were stopped (shut down, or one "
+                               "died)")
         refs = [getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, args)]
         pending = list(refs)
         while pending:  # one at a time: a dead rank is seen at once, not after the others (maybe never) return
@@ -414,8 +418,8 @@ class FSDPGroup:
             except ray.exceptions.RayActorError as e:
                 rank = refs.index(ready[0])
                 self._kill_ranks()  # the others may wait in a collective for the dead rank forever
-                raise RankDiedError(type(self).__name__, rank, self.world_size, self._node_of(rank), method,
-                                    e) from None
+                raise rank_died(type(self).__name__, rank, self.world_size, self._node_of(rank), method,
+                                e) from None
         return ray.get(refs)
 
     def _rank_options(self, rank: int) -> dict:
@@ -521,20 +525,20 @@ class FSDPGroup:
         self.workers = []
 
 
-class RankDiedError(RuntimeError):
-    """A rank's Ray actor died during a call (its process killed, out of memory, its node lost). The group's other
-    ranks are killed with it: they would wait for the dead one in their next collective."""
+class PlacementError(UserError):
+    """The cluster cannot hold the ranks' placement group (`place_ranks`)."""
 
-    def __init__(self, group: str, rank: int, world_size: int, node: str, method: str, cause: BaseException):
-        self.rank, self.node = rank, node
-        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        super().__init__(f"{group} rank {rank} of {world_size} on node {node} died during {method} ({reason}); "
-                         f"the other ranks were stopped: see that node's Ray logs (ray logs), then resume the run")
+
+def rank_died(group: str, rank: int, world_size: int, node: str, method: str, cause: BaseException) -> RankDiedError:
+    reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    return RankDiedError(f"{group} rank {rank} of {world_size} on node {node} died during {method} ({reason}); the "
+                         f"other ranks were stopped: see that node's Ray logs (ray logs), then run the command again "
+                         f"to resume from the last checkpoint", rank=rank, node=node)
 
 
 def place_ranks(cfg):
     """A Ray placement group with one bundle per rank ({CPU: num_cpus_per_worker, GPU: num_gpus_per_worker}),
-    placed by `cfg.placement_strategy`; waits `cfg.placement_timeout_s` for it, else a `RuntimeError` that names
+    placed by `cfg.placement_strategy`; waits `cfg.placement_timeout_s` for it, else a `PlacementError` that names
     the bundles and what the cluster offers."""
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
@@ -552,10 +556,11 @@ def place_ranks(cfg):
     ray.util.remove_placement_group(group)
     nodes = [f"{n['NodeManagerAddress']} {{CPU: {n['Resources'].get('CPU', 0):g}, "
              f"GPU: {n['Resources'].get('GPU', 0):g}}}" for n in ray.nodes() if n["Alive"]]
-    raise RuntimeError(f"the trainer's {cfg.world_size} ranks ({cfg.nnodes} nodes x {cfg.ranks_per_node()}, "
+    raise PlacementError(f"the trainer's {cfg.world_size} ranks ({cfg.nnodes} nodes x {cfg.ranks_per_node()}, "
                        f"{cfg.placement_strategy}, one bundle {bundle} each) were not placed within "
                        f"placement_timeout_s={cfg.placement_timeout_s:g}: bundles {missing} unplaced; the cluster "
                        f"has {len(nodes)} nodes: {'; '.join(nodes)}. Add nodes or lower the per-rank resources")
 
 
-__all__ = ["FSDPGroup", "FSDPWorker", "RankDiedError", "lr_factor", "place_ranks", "rank_threads", "start_ray"]
+__all__ = ["FSDPGroup", "FSDPWorker", "PlacementError", "RankDiedError", "lr_factor", "place_ranks", "rank_threads",
+           "start_ray"]

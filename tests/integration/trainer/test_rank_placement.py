@@ -1,15 +1,17 @@
 """Trainer ranks in a Ray placement group on a simulated two-node cluster (`ray.cluster_utils.Cluster`, both nodes
 on this host, one CPU each): `actor.nnodes=2` with SPREAD puts one rank on each node and the update equals one
-rank's; a rank whose actor is killed stops the next call with one error naming the rank and its node."""
+rank's; a rank whose actor is killed stops the next call with one error naming the rank and its node; ranks the
+cluster cannot hold are one error naming the unplaced bundles."""
 
 from __future__ import annotations
 
 import pytest
 import ray
 
+from agentrl.errors import RankDiedError
 from agentrl.trainer.batch import episodes_to_batch
 from agentrl.trainer.config import ActorConfig, ModelConfig
-from agentrl.trainer.fsdp import RankDiedError
+from agentrl.trainer.fsdp import PlacementError
 from agentrl.trainer.worker import WorkerGroup
 from agentrl.types import Episode
 
@@ -87,3 +89,12 @@ def test_a_killed_rank_stops_the_next_call_with_its_rank_and_node(two_nodes, tin
         assert group.workers == []  # rank 0, which waits for rank 1 in a collective, was stopped with it
     finally:
         group.shutdown()
+
+
+def test_ranks_the_cluster_cannot_hold_name_the_unplaced_bundles(two_nodes, tiny_model_dir):
+    actor = ActorConfig(world_size=3, nnodes=3, placement_strategy="STRICT_SPREAD", placement_timeout_s=2)
+    with pytest.raises(PlacementError) as err:  # three nodes asked of two: can never be placed
+        WorkerGroup(ModelConfig(path=str(tiny_model_dir)), actor, total_steps=2, seed=0)
+    message = str(err.value)
+    assert "bundles [0, 1, 2] unplaced; the cluster has 2 nodes" in message and "\n" not in message
+    assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
