@@ -423,12 +423,13 @@ class FSDPGroup:
         return ray.get(refs)
 
     def _rank_options(self, rank: int) -> dict:
-        """Ray options of rank `rank`'s actor: its bundle of the placement group, if there is one."""
+        """Ray options of rank `rank`'s actor beyond CPUs and GPUs: custom resources, its placement-group bundle."""
+        options = {"resources": dict(self.cfg.resources_per_worker)} if self.cfg.resources_per_worker else {}
         if self._placement is None:
-            return {}
+            return options
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+        return {**options, "scheduling_strategy": PlacementGroupSchedulingStrategy(
             placement_group=self._placement, placement_group_bundle_index=rank)}
 
     def _node_of(self, rank: int) -> str:
@@ -537,13 +538,13 @@ def rank_died(group: str, rank: int, world_size: int, node: str, method: str, ca
 
 
 def place_ranks(cfg):
-    """A Ray placement group with one bundle per rank ({CPU: num_cpus_per_worker, GPU: num_gpus_per_worker}),
-    placed by `cfg.placement_strategy`; waits `cfg.placement_timeout_s` for it, else a `PlacementError` that names
-    the bundles and what the cluster offers."""
+    """A Ray placement group with one bundle per rank ({CPU: num_cpus_per_worker, GPU: num_gpus_per_worker} and
+    `resources_per_worker`), placed by `cfg.placement_strategy`; waits `cfg.placement_timeout_s` for it, else a
+    `PlacementError` that names the unplaced bundles and what each node offers of the resources they ask for."""
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
 
-    bundle = {"CPU": cfg.num_cpus_per_worker}
+    bundle = {"CPU": cfg.num_cpus_per_worker, **cfg.resources_per_worker}
     if cfg.num_gpus_per_worker:
         bundle["GPU"] = cfg.num_gpus_per_worker
     group = placement_group([dict(bundle) for _ in range(cfg.world_size)], strategy=cfg.placement_strategy)
@@ -554,8 +555,11 @@ def place_ranks(cfg):
     placed = {i for i, node in table.get("bundles_to_node_id", {}).items() if node}
     missing = [i for i in range(cfg.world_size) if i not in placed]
     ray.util.remove_placement_group(group)
-    nodes = [f"{n['NodeManagerAddress']} {{CPU: {n['Resources'].get('CPU', 0):g}, "
-             f"GPU: {n['Resources'].get('GPU', 0):g}}}" for n in ray.nodes() if n["Alive"]]
+    nodes = []
+    for node in ray.nodes():
+        if node["Alive"]:
+            offers = ", ".join(f"{k}: {node['Resources'].get(k, 0):g}" for k in bundle)
+            nodes.append(f"{node['NodeManagerAddress']} {{{offers}}}")
     raise PlacementError(f"the trainer's {cfg.world_size} ranks ({cfg.nnodes} nodes x {cfg.ranks_per_node()}, "
                        f"{cfg.placement_strategy}, one bundle {bundle} each) were not placed within "
                        f"placement_timeout_s={cfg.placement_timeout_s:g}: bundles {missing} unplaced; the cluster "

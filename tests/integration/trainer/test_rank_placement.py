@@ -1,7 +1,7 @@
 """Trainer ranks in a Ray placement group on a simulated two-node cluster (`ray.cluster_utils.Cluster`, both nodes
-on this host, one CPU each): `actor.nnodes=2` with SPREAD puts one rank on each node and the update equals one
-rank's; a rank whose actor is killed stops the next call with one error naming the rank and its node; ranks the
-cluster cannot hold are one error naming the unplaced bundles."""
+on this host, one CPU and one `trainer_slot` each): `actor.nnodes=2` with SPREAD puts one rank on each node and the
+update equals one rank's; a rank whose actor is killed stops the next call with one error naming the rank and its
+node; ranks the cluster cannot hold are one error naming the unplaced bundles."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def two_nodes():
         pytest.skip("a Ray of this test session is up; the simulated cluster needs its own")
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"trainer_slot": 1}})
     try:
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(num_cpus=1, resources={"trainer_slot": 1})
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         yield cluster
     finally:
@@ -51,7 +51,7 @@ def one_update(group: WorkerGroup):
 
 def placed(model: ModelConfig) -> WorkerGroup:
     actor = ActorConfig(lr=1e-3, world_size=2, nnodes=2, workers_per_node=1, placement_strategy="SPREAD",
-                        grad_clip=1e6, placement_timeout_s=120)
+                        resources_per_worker={"trainer_slot": 1}, grad_clip=1e6, placement_timeout_s=120)
     return WorkerGroup(model, actor, total_steps=2, seed=0)
 
 
@@ -96,5 +96,6 @@ def test_ranks_the_cluster_cannot_hold_name_the_unplaced_bundles(two_nodes, tiny
     with pytest.raises(PlacementError) as err:  # three nodes asked of two: can never be placed
         WorkerGroup(ModelConfig(path=str(tiny_model_dir)), actor, total_steps=2, seed=0)
     message = str(err.value)
-    assert "bundles [0, 1, 2] unplaced; the cluster has 2 nodes" in message and "\n" not in message
+    assert "bundles [0, 1, 2] unplaced; the cluster has 2 nodes" in message and "{CPU: 1}" in message
+    assert "\n" not in message
     assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
