@@ -1,7 +1,10 @@
 """Trainer ranks in a Ray placement group on a simulated two-node cluster (`ray.cluster_utils.Cluster`, both nodes
 on this host, one CPU and one `trainer_slot` each): `actor.nnodes=2` with SPREAD puts one rank on each node and the
 update equals one rank's; a rank whose actor is killed stops the next call with one error naming the rank and its
-node; ranks the cluster cannot hold are one error naming the unplaced bundles."""
+node; ranks the cluster cannot hold are one error naming the unplaced bundles.
+
+Not under tests/integration/trainer: the simulated cluster needs the process's only Ray, and that directory's
+session-wide `ray_session` stays up from its first test to the end of the run (this directory is collected first)."""
 
 from __future__ import annotations
 
