@@ -101,7 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from agentrl.errors import EXIT_INFRA, EXIT_USER, InfraFailureError, UserError, debug_enabled, one_line
+    from agentrl.errors import (
+        EXIT_INFRA,
+        EXIT_USER,
+        InfraFailureError,
+        RankDiedError,
+        UserError,
+        debug_enabled,
+        one_line,
+    )
     from agentrl.preflight import PreflightError
 
     try:
@@ -115,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in e.problems if isinstance(e, PreflightError) else [one_line(e)]:  # one line per problem
             print(f"error: {line}", file=sys.stderr)
         return EXIT_USER
-    except InfraFailureError as e:  # a service kept failing: the run stopped itself (`agentrl.errors`)
+    except (InfraFailureError, RankDiedError) as e:  # a service kept failing, a rank died: the run stopped itself
         if debug_enabled():
             raise
         print(f"error: {one_line(e)}", file=sys.stderr)

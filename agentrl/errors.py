@@ -8,7 +8,8 @@ Modules raise the most specific subclass they own (e.g. `TaskFormatError`, `Conf
 `UserError` so the command line can tell a user's mistake from a fault of agentrl itself.
 
 `InfraFailureError` is the other one-line stop: a service the run depends on (a tool service, the sandbox, an
-engine) kept failing, so the run stopped on its own; the command exits with code 3 (`EXIT_INFRA`). Exit codes:
+engine) kept failing, so the run stopped on its own, or a trainer rank died (`RankDiedError`); the command exits
+with code 3 (`EXIT_INFRA`). Exit codes:
 0 done, 1 a crash (a bug: traceback), 2 a user error (`EXIT_USER`), 3 an infrastructure stop, 130 interrupted.
 """
 
@@ -29,6 +30,16 @@ class InfraFailureError(Exception):
     one line naming the service, its URL and what failed. Running the same command again resumes the run."""
 
 
+class RankDiedError(Exception):
+    """A trainer rank's process died during a call (killed, out of memory, its node lost); one line naming the
+    rank and its node, exit code 3 as an infrastructure stop. Not an `InfraFailureError`: that stop saves a
+    checkpoint first, which the group's dead ranks cannot write; the run resumes from its last checkpoint."""
+
+    def __init__(self, message: str, *, rank: int, node: str):
+        super().__init__(message)
+        self.rank, self.node = rank, node
+
+
 class WeightSyncTimeoutError(InfraFailureError):
     """A weight push to the engine did not finish within `trainer.weight_sync_timeout_s`; raised after the step's
     update, so the run stops with that step saved."""
@@ -44,5 +55,5 @@ def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-__all__ = ["EXIT_INFRA", "EXIT_USER", "InfraFailureError", "UserError", "WeightSyncTimeoutError", "debug_enabled",
-           "one_line"]
+__all__ = ["EXIT_INFRA", "EXIT_USER", "InfraFailureError", "RankDiedError", "UserError", "WeightSyncTimeoutError",
+           "debug_enabled", "one_line"]

@@ -188,6 +188,26 @@ class WorkerResources(ConfigModel):
     world_size: int = Field(1, ge=1)  # FSDP ranks; gloo on CPU, NCCL on GPU
     num_cpus_per_worker: float = 1.0  # Ray CPU resource per rank
     num_gpus_per_worker: float = 0.0  # 1.0 on GPU clusters
+    resources_per_worker: dict[str, float] = Field(default_factory=dict)  # custom Ray resources, e.g. {trainer_slot: 1}
+    # Placement over a Ray cluster (docs/scaling.md, "Trainer placement"). nnodes > 1: one placement-group bundle
+    # per rank ({CPU: num_cpus_per_worker, GPU: num_gpus_per_worker, **resources_per_worker}) placed by
+    # placement_strategy, with
+    # nnodes * workers_per_node == world_size. nnodes 1: the ranks are plain Ray actors, as Ray schedules them.
+    nnodes: int = Field(1, ge=1)
+    workers_per_node: int | None = Field(None, ge=1)  # None: world_size // nnodes
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    placement_timeout_s: float = Field(300.0, gt=0)  # bundles not placed by then: an error naming them
+
+    @model_validator(mode="after")
+    def _ranks_fill_nodes(self) -> WorkerResources:
+        per_node = self.workers_per_node if self.workers_per_node is not None else self.world_size // self.nnodes
+        if self.nnodes * per_node != self.world_size:
+            raise ValueError(f"nnodes ({self.nnodes}) * workers_per_node ({per_node}) must equal world_size "
+                             f"({self.world_size}): set workers_per_node to world_size / nnodes")
+        return self
+
+    def ranks_per_node(self) -> int:
+        return self.workers_per_node if self.workers_per_node is not None else self.world_size // self.nnodes
 
 
 class ActorConfig(WorkerResources, MiniBatchConfig, OptimizerConfig):

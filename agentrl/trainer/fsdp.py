@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from agentrl.errors import RankDiedError, UserError
 from agentrl.numerics import usable_cores
 from agentrl.services import free_port, start_ray
 from agentrl.trainer.batch import MicroBatchPlan, materialize, plan_micro_batches
@@ -94,6 +95,12 @@ class FSDPWorker:
         import ray
 
         return ray.util.get_node_ip_address()
+
+    def node(self) -> tuple[str, str]:
+        """(address, Ray node id) of this rank's node, recorded by the driver to name a rank that dies."""
+        import ray
+
+        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
     def setup(self, master_addr: str, master_port: int) -> None:
         import torch.distributed as dist
@@ -377,9 +384,12 @@ class FSDPGroup:
 
             if not ray.is_initialized():
                 raise RuntimeError(f"{type(self).__name__}(use_ray=True) needs ray.init() first")
-            remote = ray.remote(self.worker_cls).options(num_cpus=cfg.num_cpus_per_worker,
-                                                         num_gpus=cfg.num_gpus_per_worker)
-            self.workers = [remote.remote(model, cfg, rank=r, **kwargs) for r in range(self.world_size)]
+            remote = ray.remote(self.worker_cls)
+            self._placement = place_ranks(cfg) if cfg.nnodes > 1 else None
+            self.workers = [remote.options(num_cpus=cfg.num_cpus_per_worker, num_gpus=cfg.num_gpus_per_worker,
+                                           **self._rank_options(r)).remote(model, cfg, rank=r, **kwargs)
+                            for r in range(self.world_size)]
+            self.rank_nodes = self._call("node")  # (address, node id) per rank, named by RankDiedError
         else:
             if self.world_size != 1:
                 raise ValueError(f"{type(self).__name__}(use_ray=False) runs one in-process rank; set world_size "
@@ -396,7 +406,45 @@ class FSDPGroup:
             return [getattr(self.workers[0], method)(*args[0], **kwargs)]
         import ray
 
-        return ray.get([getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, args)])
+        if not self.workers:  # a rank died and the group was stopped: nothing may pretend to succeed (a checkpoint)
+            raise RuntimeError(f"{type(self).__name__}.{method}: the group's ranks were stopped (shut down, or one "
+                               "died)")
+        refs = [getattr(w, method).remote(*a, **kwargs) for w, a in zip(self.workers, args)]
+        pending = list(refs)
+        while pending:  # one at a time: a dead rank is seen at once, not after the others (maybe never) return
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as e:
+                rank = refs.index(ready[0])
+                self._kill_ranks()  # the others may wait in a collective for the dead rank forever
+                raise rank_died(type(self).__name__, rank, self.world_size, self._node_of(rank), method,
+                                e) from None
+        return ray.get(refs)
+
+    def _rank_options(self, rank: int) -> dict:
+        """Ray options of rank `rank`'s actor beyond CPUs and GPUs: custom resources, its placement-group bundle."""
+        options = {"resources": dict(self.cfg.resources_per_worker)} if self.cfg.resources_per_worker else {}
+        if self._placement is None:
+            return options
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {**options, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self._placement, placement_group_bundle_index=rank)}
+
+    def _node_of(self, rank: int) -> str:
+        nodes = getattr(self, "rank_nodes", None)
+        return f"{nodes[rank][0]} (id {nodes[rank][1][:12]})" if nodes else "unknown (it died while starting)"
+
+    def _kill_ranks(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []
+        if getattr(self, "_placement", None) is not None:
+            ray.util.remove_placement_group(self._placement)
+            self._placement = None
 
     def _call_one(self, rank: int, method: str, *args):
         if not self.use_ray:
@@ -467,17 +515,56 @@ class FSDPGroup:
         self._call("load_checkpoint", [(str(Path(path).resolve()),)] * self.world_size)
 
     def shutdown(self) -> None:
-        self._call("shutdown")
+        if self.workers:  # empty after a rank died (the others were killed with it)
+            self._call("shutdown")
         shared = getattr(self, "_shared_weights", None)
         if shared is not None:
             shared.close()
             self._shared_weights = None
         if self.use_ray:
-            import ray
-
-            for w in self.workers:
-                ray.kill(w)
+            self._kill_ranks()
         self.workers = []
 
 
-__all__ = ["FSDPGroup", "FSDPWorker", "lr_factor", "rank_threads", "start_ray"]
+class PlacementError(UserError):
+    """The cluster cannot hold the ranks' placement group (`place_ranks`)."""
+
+
+def rank_died(group: str, rank: int, world_size: int, node: str, method: str, cause: BaseException) -> RankDiedError:
+    reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    return RankDiedError(f"{group} rank {rank} of {world_size} on node {node} died during {method} ({reason}); the "
+                         f"other ranks were stopped: see that node's Ray logs (ray logs), then run the command again "
+                         f"to resume from the last checkpoint", rank=rank, node=node)
+
+
+def place_ranks(cfg):
+    """A Ray placement group with one bundle per rank ({CPU: num_cpus_per_worker, GPU: num_gpus_per_worker} and
+    `resources_per_worker`), placed by `cfg.placement_strategy`; waits `cfg.placement_timeout_s` for it, else a
+    `PlacementError` that names the unplaced bundles and what each node offers of the resources they ask for."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    bundle = {"CPU": cfg.num_cpus_per_worker, **cfg.resources_per_worker}
+    if cfg.num_gpus_per_worker:
+        bundle["GPU"] = cfg.num_gpus_per_worker
+    group = placement_group([dict(bundle) for _ in range(cfg.world_size)], strategy=cfg.placement_strategy)
+    ready, _ = ray.wait([group.ready()], timeout=cfg.placement_timeout_s)
+    if ready:
+        return group
+    table = placement_group_table(group)
+    placed = {i for i, node in table.get("bundles_to_node_id", {}).items() if node}
+    missing = [i for i in range(cfg.world_size) if i not in placed]
+    ray.util.remove_placement_group(group)
+    nodes = []
+    for node in ray.nodes():
+        if node["Alive"]:
+            offers = ", ".join(f"{k}: {node['Resources'].get(k, 0):g}" for k in bundle)
+            nodes.append(f"{node['NodeManagerAddress']} {{{offers}}}")
+    raise PlacementError(f"the trainer's {cfg.world_size} ranks ({cfg.nnodes} nodes x {cfg.ranks_per_node()}, "
+                       f"{cfg.placement_strategy}, one bundle {bundle} each) were not placed within "
+                       f"placement_timeout_s={cfg.placement_timeout_s:g}: bundles {missing} unplaced; the cluster "
+                       f"has {len(nodes)} nodes: {'; '.join(nodes)}. Add nodes or lower the per-rank resources")
+
+
+__all__ = ["FSDPGroup", "FSDPWorker", "PlacementError", "RankDiedError", "lr_factor", "place_ranks", "rank_threads",
+           "start_ray"]

@@ -269,3 +269,19 @@ def test_version(capsys):
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"agentrl {version()}" and re.fullmatch(r"\d+\.\d+\.\d+.*", version())
+
+
+def test_a_dead_trainer_rank_is_one_line_and_exit_3(capsys, monkeypatch):
+    from agentrl import cli
+    from agentrl.errors import EXIT_INFRA, RankDiedError
+
+    def dies(args):
+        raise RankDiedError("WorkerGroup rank 1 of 2 on node 10.0.0.2 (id 1234) died during update_policy", rank=1,
+                            node="10.0.0.2 (id 1234)")
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=dies)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert main([]) == EXIT_INFRA
+    assert capsys.readouterr().err == "error: WorkerGroup rank 1 of 2 on node 10.0.0.2 (id 1234) died during " \
+                                      "update_policy\n"
