@@ -89,3 +89,24 @@ def forcing_weights(model, avoid: set[int]) -> tuple[dict, int]:
     sd[f"{last}.o_proj.weight"].zero_()
     sd[f"{last}.o_proj.weight"][:, 0] = 1000.0 * u
     return sd, forced
+
+
+@contextlib.contextmanager
+def two_node_ray(resource: str) -> Iterator:
+    """A simulated two-node Ray cluster on this host (`ray.cluster_utils.Cluster`), each node with 1 CPU and one
+    unit of the custom `resource`, connected for the test and shut down after it. Skips when the session's own
+    Ray is up (the cluster needs a Ray of its own)."""
+    import pytest
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        pytest.skip("a Ray of this test session is up; the simulated cluster needs its own")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {resource: 1}})
+    try:
+        cluster.add_node(num_cpus=1, resources={resource: 1})
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

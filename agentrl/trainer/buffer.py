@@ -99,14 +99,18 @@ class GroupBuffer:
         """The sampler's position for a checkpoint: where the oldest group not yet taken was drawn, so a resume
         draws it again (groups in flight or buffered are regenerated, not saved). Groups drawn after it and
         already trained are drawn again too: at most (max_staleness + 1) * groups_per_step of them."""
-        pending = {**self.sampler_at, **self.untrained}
+        pending = self._pending()
         return pending[min(pending)] if pending else self.sampler.state_dict()
 
     def checkpoint_state(self) -> dict:
         """What a resumed buffer needs besides the sampler's position (`resume_from`): the index of the group
         drawn at that position, and the replacements granted so far (the budget counts them)."""
-        pending = {**self.sampler_at, **self.untrained}
+        pending = self._pending()
         return {"next_group": min(pending) if pending else self.submitted, "extra": self.extra}
+
+    def _pending(self) -> dict[int, dict]:
+        """Group index -> sampler state before its draw, for every group submitted and not yet trained."""
+        return {**self.sampler_at, **self.untrained}
 
     def metrics(self) -> dict[str, float]:
         """Buffer and idle figures since the last call (the idle seconds reset)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import ray
+from helpers import two_node_ray
 
 from agentrl.errors import RankDiedError
 from agentrl.trainer.batch import episodes_to_batch
@@ -23,18 +24,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    if ray.is_initialized():
-        pytest.skip("a Ray of this test session is up; the simulated cluster needs its own")
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"trainer_slot": 1}})
-    try:
-        cluster.add_node(num_cpus=1, resources={"trainer_slot": 1})
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    with two_node_ray("trainer_slot") as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def small_batch():

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 import ray
+from helpers import two_node_ray
 
 from agentrl.inference import EngineConfig, make_engine
 from agentrl.types import SamplingParams
@@ -17,18 +18,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def two_nodes():
-    if ray.is_initialized():
-        pytest.skip("a Ray of this test session is up; the simulated cluster needs its own")
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"engine_slot": 1}})
-    try:
-        cluster.add_node(num_cpus=1, resources={"engine_slot": 1})
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    with two_node_ray("engine_slot") as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 async def test_replicas_that_need_one_slot_each_land_on_different_nodes(two_nodes, tiny_model_dir):
