@@ -705,8 +705,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             groups = None  # the async buffer's state in the checkpoint
             if start.checkpoint is not None:
                 groups = restore_checkpoint(start.checkpoint, workers, sampler, critic=critic, kl_ctrl=kl_ctrl)
-                await sync_weights(engine_weights(workers, cfg), engine, backend=cfg.engine.backend,
-                                   model_path=cfg.model.path, run_dir=run_dir, step=start.step)
+                await push_weights(workers, engine, cfg, start.step)  # the resumed weights, within the timeout
             if val_tasks and cfg.trainer.test_freq and start.step == 0:
                 logger.log(0, await validate(val_rollout, val_tasks, 0))
             metrics: dict[str, float] = {}
