@@ -40,9 +40,13 @@ class RankDiedError(Exception):
         self.rank, self.node = rank, node
 
 
-class WeightSyncTimeoutError(InfraFailureError):
-    """A weight push to the engine did not finish within `trainer.weight_sync_timeout_s`; raised after the step's
-    update, so the run stops with that step saved."""
+class WeightSyncError(InfraFailureError):
+    """A weight push to the engine failed (a server refused or lost the update); raised after the step's update,
+    so the run stops with that step saved."""
+
+
+class WeightSyncTimeoutError(WeightSyncError):
+    """A weight push to the engine did not finish within `trainer.weight_sync_timeout_s`."""
 
 
 def debug_enabled() -> bool:
@@ -55,5 +59,6 @@ def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-__all__ = ["EXIT_INFRA", "EXIT_USER", "InfraFailureError", "RankDiedError", "UserError", "WeightSyncTimeoutError",
+__all__ = ["EXIT_INFRA", "EXIT_USER", "InfraFailureError", "RankDiedError", "UserError", "WeightSyncError",
+           "WeightSyncTimeoutError",
            "debug_enabled", "one_line"]

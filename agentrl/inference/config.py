@@ -51,6 +51,11 @@ class EngineConfig(ConfigModel):
     retry_backoff_s: float = Field(0.5, ge=0)  # first wait before a retry; doubles per retry, jittered, <= 30 s
     health_timeout_s: float = Field(600.0, gt=0)  # wait for every server's /health at start
     max_connections: int = Field(1024, ge=1)  # httpx connection pool size per server
+    # how new weights reach the servers after each step: "broadcast" (trainer rank 0 joins a process group with
+    # every server and broadcasts the tensors, bucketed: NCCL on GPUs, gloo on CPU; the servers must reach rank 0's
+    # node) or "disk" (an HF checkpoint under trainer.run_dir/weights that every server loads: a shared filesystem)
+    weight_sync: Literal["broadcast", "disk"] = "disk"
+    weight_bucket_mb: float = Field(256.0, gt=0)  # broadcast: tensors per broadcast call, about this many MiB
     # the servers' token (SGLang's --api-key, `agentrl engine serve --token-file`), sent as Authorization: Bearer
     token_file: str | None = None
 
@@ -68,6 +73,9 @@ class EngineConfig(ConfigModel):
         if self.backend == "sglang" and not self.urls:
             raise ValueError("engine.backend is 'sglang' but engine.urls is empty: list the server URLs "
                              "(start them with `agentrl engine launch-sglang`)")
+        if self.backend != "sglang" and self.weight_sync != "disk":
+            raise ValueError(f"engine.weight_sync={self.weight_sync!r} is for backend 'sglang'; the local engine gets "
+                             "the weights in memory: leave engine.weight_sync out")
         if self.backend == "sglang" and self.replicas > 1:
             raise ValueError(f"engine.replicas={self.replicas} is for backend 'local'; with 'sglang' every server in "
                              "engine.urls is a replica: list them there and leave engine.replicas at 1")

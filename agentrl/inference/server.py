@@ -17,6 +17,13 @@ there is no prefix cache (`cached_tokens` is always 0) and no streaming. Top-lev
 ones read here are ignored at SGLang's defaults (null, false, 0, empty) and refused by name otherwise, except
 routing, caching and logging hints, which never change an answer (`_IGNORED`).
 
+Weights over a process group (SGLang's `/init_weights_update_group`, `/update_weights_from_distributed`,
+`/destroy_weights_update_group`, `agentrl.inference.weight_broadcast`): the server joins the trainer's group over
+gloo and receives each bucket; the new weights go live together once every parameter of the model has arrived
+(SGLang loads each bucket as it comes; the trainer pauses or idles the engine around an update either way), under
+the weight_version of the update's last bucket. Buckets that name a tensor this model does not have, or end an
+update with parameters missing, are refused by name and close the group.
+
 Access: with a `token` (`--token-file`) every route but `GET /health` needs `Authorization: Bearer <token>`, as
 SGLang's `--api-key` does (`agentrl.auth`). With a `weights_dir` (`--weights-dir`), `/update_weights_from_disk`
 loads only from directories under it (symlinks and `..` resolved first) and answers 403 for any other path; it
@@ -31,6 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -38,6 +46,16 @@ from agentrl.auth import BearerAuth, is_loopback
 from agentrl.errors import UserError
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.local import LocalEngine
+from agentrl.inference.weight_broadcast import (
+    GROUP_NAME,
+    TensorSpec,
+    destroy_weight_group,
+    empty_bucket,
+    init_weight_group,
+    specs_from_request,
+    torch_dtype,
+    unpack,
+)
 from agentrl.inference.wire import WireError, finish_reason_to_wire, sampling_params_from_wire, weight_version_spans
 
 # /generate fields (sglang 0.5.23 `GenerateReqInput`) the server reads, and those it may ignore whatever their value
@@ -80,13 +98,21 @@ def _per_item(value: Any, n: int, name: str, batched: bool) -> list:
 
 
 class _Server:
-    def __init__(self, engine: LocalEngine, model_path: str, weights_dir: Path | None = None):
+    def __init__(self, engine: LocalEngine, model_path: str, weights_dir: Path | None = None,
+                 group_timeout_s: float = 300.0):
         self.engine = engine
         self.model_path = model_path
         self.weights_dir = weights_dir
         self.weight_version = "default"
         self._labels = {engine.weight_version: self.weight_version}  # engine version -> weight_version label
         self._update_lock = asyncio.Lock()
+        self.group_timeout_s = group_timeout_s
+        self._groups: dict[str, Any] = {}  # weight-update process groups by name
+        self._staged: dict[str, torch.Tensor] = {}  # received tensors waiting for the rest of the model
+        self._staged_label: str | None = None
+        own = engine.model.state_dict()  # names a complete update must bring (a tied lm_head comes with the embedding)
+        tied = {"lm_head.weight"} if getattr(engine.model.config, "tie_word_embeddings", False) else set()
+        self._required = set(own) - tied
 
     def label(self, version: int) -> str:
         return self._labels.get(version, str(version))
@@ -206,17 +232,138 @@ class _Server:
         async with self._update_lock:
             if abort:
                 self.engine.abort_all()
-            version = self.engine.weight_version + 1
-            self._labels[version] = label or str(version)  # before the swap: tokens sampled right after need it
             try:
-                await self.engine.update_weights(Path(path), on_running="abort" if abort else "continue")
+                await self._load(Path(path), label, abort)
             except (ValueError, OSError) as e:
-                del self._labels[version]
                 return JSONResponse({"success": False, "message": f"failed to load weights from {path}: {e}"},
                                     status_code=400)
-            self.weight_version = self._labels[version]
         return JSONResponse({"success": True, "message": f"Succeeded to update model weights from {path}.",
                              "num_paused_requests": 0})
+
+    async def _load(self, weights, label: str | None, abort: bool) -> None:
+        """Swap in new weights (a directory or a state dict) labelled `label` (default: the update count).
+        Call under the update lock."""
+        version = self.engine.weight_version + 1
+        self._labels[version] = label or str(version)  # before the swap: tokens sampled right after need it
+        try:
+            await self.engine.update_weights(weights, on_running="abort" if abort else "continue")
+        except BaseException:
+            del self._labels[version]
+            raise
+        self.weight_version = self._labels[version]
+
+    # ------------------------------------------------------------------ weights over a process group
+
+    async def init_weights_update_group(self, body: dict) -> JSONResponse:
+        try:
+            address, port = body["master_address"], body["master_port"]
+            rank, world_size = body["rank_offset"], body["world_size"]
+            name, backend = body.get("group_name", GROUP_NAME), body.get("backend", "nccl")
+            if not (isinstance(address, str) and all(isinstance(v, int) for v in (port, rank, world_size))):
+                raise TypeError
+        except (KeyError, TypeError):
+            return _failure(400, "send master_address (str), master_port, rank_offset and world_size (ints)")
+        if backend != "gloo":
+            return _failure(400, f"backend {backend!r}: agentrl engine serve runs on CPU and joins weight-update "
+                                 "groups over gloo; send backend \"gloo\"")
+        if name in self._groups:
+            return _failure(400, f"group {name!r} exists; /destroy_weights_update_group it first")
+        try:  # blocks until every rank joined (the trainer joins as rank 0 at the same time)
+            self._groups[name] = await asyncio.to_thread(init_weight_group, address, port, rank=rank,
+                                                         world_size=world_size, group_name=name, backend=backend,
+                                                         timeout_s=self.group_timeout_s)
+        except Exception as e:  # the rendezvous failed or timed out: torch's errors are several types
+            return _failure(400, f"Failed to initialize custom process group: {e}.")
+        return JSONResponse({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    async def destroy_weights_update_group(self, body: dict) -> JSONResponse:
+        group = self._groups.pop(body.get("group_name", GROUP_NAME), None)
+        if group is None:
+            return _failure(400, "The group to be destroyed does not exist.")
+        self._staged = {}
+        await asyncio.to_thread(destroy_weight_group, group)
+        return JSONResponse({"success": True, "message": "Succeeded to destroy custom process group."})
+
+    async def update_weights_from_distributed(self, body: dict) -> JSONResponse:
+        """Receive one broadcast bucket (or SGLang's default: one broadcast per tensor) and stage it; the new
+        weights go live together once every parameter of the model has arrived, under the last call's
+        weight_version. A call with a weight_version ends an update: parameters still missing then are an error
+        (the trainer's model is not this one). A refused bucket drops the group: the trainer's broadcast cannot
+        complete without this server."""
+        name = body.get("group_name", GROUP_NAME)
+        group = self._groups.get(name)
+        if group is None:
+            return _failure(400, f"Group {name} not in {sorted(self._groups)}. Please call "
+                                 "`init_weights_update_group` first.")
+        try:
+            specs = specs_from_request(body)
+            self._check_specs(specs)
+            if body.get("load_format") not in (None, "flattened_bucket"):
+                raise ValueError(f"load_format {body['load_format']!r} (agentrl engine serve receives None or "
+                                 "flattened_bucket)")
+            label = body.get("weight_version")
+            if label is not None and not isinstance(label, str):
+                raise ValueError(f"weight_version must be a string label, got {label!r}")
+        except ValueError as e:
+            await self.destroy_weights_update_group({"group_name": name})
+            return _failure(400, f"refused the bucket ({e}); the group {name!r} is closed, open a new one")
+        abort = bool(body.get("abort_all_requests"))
+        if abort:
+            self.engine.abort_all()
+        try:
+            received = await asyncio.to_thread(_receive, group, specs, body.get("load_format"))
+        except Exception as e:  # the broadcast broke (the trainer died or timed out): the group is unusable
+            await self.destroy_weights_update_group({"group_name": name})
+            return _failure(400, f"Failed to receive the broadcast: {e}; the group {name!r} is closed")
+        self._staged.update((k, v) for k, v in received.items() if k in self._required)  # not a tied lm_head
+        if label is not None:
+            self._staged_label = label
+        missing = self._required - set(self._staged)
+        if missing and label is not None:  # the sender's last bucket (it carries the label): nothing may be left out
+            self._staged, self._staged_label = {}, None
+            return _failure(400, f"Failed to update parameter online: the update ended (weight_version {label}) "
+                                 f"without {len(missing)} parameters of this model, e.g. {sorted(missing)[:3]}; "
+                                 "is the trainer's model the one this server serves?")
+        if missing:
+            return JSONResponse({"success": True, "message": f"Received {len(specs)} tensors; staged "
+                                 f"{len(self._staged)}, {len(missing)} to go before the weights change."})
+        staged, label = self._staged, self._staged_label
+        self._staged, self._staged_label = {}, None
+        async with self._update_lock:
+            try:
+                await self._load(staged, label, abort)
+            except ValueError as e:
+                return _failure(400, f"Failed to update parameter online: {e}")
+        return JSONResponse({"success": True, "message": "Succeeded to update parameter online."
+                             + (f" Weight version updated to {label}." if label else "")})
+
+    def _check_specs(self, specs: list[TensorSpec]) -> None:
+        own = self.engine.model.state_dict()
+        for spec in specs:
+            if spec.name not in own:
+                raise ValueError(f"{spec.name} is not a parameter of this model")
+            if tuple(own[spec.name].shape) != spec.shape:
+                raise ValueError(f"{spec.name} has shape {list(spec.shape)}, the model's is "
+                                 f"{list(own[spec.name].shape)}")
+
+
+def _receive(group, specs: list[TensorSpec], load_format: str | None) -> dict:
+    """The tensors of one broadcast from rank 0 of `group` (copies: the model loads them later)."""
+    import torch.distributed as dist
+
+    if load_format == "flattened_bucket":
+        flat = empty_bucket(specs)
+        dist.broadcast(flat, group_src=0, group=group)
+        return dict(unpack(flat, specs))
+    out = {}
+    for spec in specs:
+        out[spec.name] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype))
+        dist.broadcast(out[spec.name], group_src=0, group=group)
+    return out
+
+
+def _failure(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=status)
 
 
 def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None,
@@ -260,6 +407,18 @@ def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None
         except WireError as e:
             return JSONResponse({"success": False, "message": str(e)}, status_code=400)
         return await server.update_weights_from_disk(body)
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        return await server.init_weights_update_group(await _json(request))
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        return await server.update_weights_from_distributed(await _json(request))
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request):
+        return await server.destroy_weights_update_group(await _json(request))
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request):
@@ -324,7 +483,8 @@ def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None
         return {"backend": "agentrl-local", "model_path": server.model_path, "max_batch_size": cfg.max_batch_size,
                 "max_model_len": engine.max_model_len, "max_queued_requests": cfg.max_queued_requests,
                 "num_running": engine.num_running, "num_waiting": engine.num_waiting, "paused": engine.paused,
-                "weight_version": server.weight_version, "stats": dict(engine.stats)}
+                "weight_version": server.weight_version, "stats": dict(engine.stats), "tp_size": 1,
+                "weight_update_groups": sorted(server._groups)}
 
     return app
 

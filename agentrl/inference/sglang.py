@@ -3,7 +3,8 @@
 Routing (`routing.StickyRouter`): an episode's turns (same `session_id`) go to the same server so its radix cache
 reuses the shared prefix; new sessions and session-less requests go to the server with the fewest requests in flight.
 Connection errors and 5xx answers are retried (on another server when there is one) before an `EngineError`.
-Weight updates call `/update_weights_from_disk` on every server (the SGLang router does not broadcast them).
+Weight updates call `/update_weights_from_disk` on every server (the SGLang router does not broadcast them), or
+come from the trainer's process-group broadcast (`agentrl.inference.weight_broadcast`) inside `weight_update()`.
 Works against real SGLang (GPU) and against `agentrl engine serve` (CPU), which speaks the same format.
 With `engine.token_file` every request carries `Authorization: Bearer <token>` (SGLang's `--api-key`, `engine
 serve --token-file`); `start()` checks the token on each server; a 401 is a `ServiceAuthError`, never retried.
@@ -21,11 +22,12 @@ caller as a plain "abort".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import httpx
 
@@ -276,16 +278,27 @@ class SGLangEngine:
         if not isinstance(weights, (str, Path)):
             raise TypeError("SGLangEngine.update_weights takes a checkpoint directory (str or Path); save the "
                             "state dict with save_pretrained first")
-        if weight_version is None and version is not None:
-            weight_version = str(version)
         body: dict[str, Any] = {"model_path": str(weights), "abort_all_requests": abort_in_flight,
                                 "flush_cache": flush_cache}
-        if weight_version is not None:
-            body["weight_version"] = weight_version
+        async with self.weight_update(version=version, weight_version=weight_version,
+                                      abort_in_flight=abort_in_flight) as label:
+            if label is not None:
+                body["weight_version"] = label
+            await self._broadcast("POST", "/update_weights_from_disk", body)
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self, *, version: int | None = None, weight_version: str | None = None,
+                            abort_in_flight: bool = False) -> AsyncIterator[str | None]:
+        """Bracket one weight update of every server (`update_weights`, or the trainer's broadcast, which sends
+        the tensors from elsewhere): yields the label to send (`weight_version`, else `str(version)`); requests
+        the update aborts are marked `aborted_by=weight_update`; once it succeeded, `weight_version` is its
+        version."""
+        if weight_version is None and version is not None:
+            weight_version = str(version)
         self._abort_updates += abort_in_flight  # before the request: aborted answers may arrive before it returns
         self._aborting += abort_in_flight
         try:
-            await self._broadcast("POST", "/update_weights_from_disk", body)
+            yield weight_version
         finally:
             self._aborting -= abort_in_flight
         self.weight_version = version_from_label(weight_version) if weight_version is not None else None

@@ -55,7 +55,9 @@ from agentrl.agent_loop.rewards import reward_failed
 from agentrl.agent_loop.versions import as_version
 from agentrl.config import save_config, to_dict
 from agentrl.console import quiet_third_party
-from agentrl.errors import InfraFailureError, WeightSyncTimeoutError
+from agentrl.errors import InfraFailureError, WeightSyncError, WeightSyncTimeoutError, one_line
+from agentrl.inference.base import EngineError
+from agentrl.inference.weight_broadcast import BroadcastError
 from agentrl.trainer.algos import (
     AdvantageInputs,
     apply_kl_in_reward,
@@ -93,7 +95,7 @@ from agentrl.trainer.metrics import (
 from agentrl.trainer.resume import FINAL_MODEL_DIR, RECORDED_PATHS, mark_complete, plan_start, prepare_run_dir
 from agentrl.trainer.staleness import filter_stale_groups, staleness_metrics
 from agentrl.trainer.stops import InfraLimits, InfraWatch, log_failure, log_line, resume_hint
-from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
+from agentrl.trainer.weight_sync import broadcast_weights, sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
 
 if TYPE_CHECKING:
@@ -381,11 +383,21 @@ async def push_weights(workers, engine, cfg: TrainConfig, step: int, *, during_r
     WeightSyncTimeoutError). `during_rollout` (async mode): episodes are in flight and go on as
     `rollout.on_weight_update` says, instead of the engine being idle."""
     on_running = cfg.rollout.on_weight_update if during_rollout else None
-    weights = await asyncio.to_thread(engine_weights, workers, cfg)
+    timeout_s = cfg.trainer.weight_sync_timeout_s
+    if cfg.engine.backend == "sglang" and cfg.engine.weight_sync == "broadcast":
+        sync = broadcast_weights(workers, engine, step=step, token_file=cfg.engine.token_file,
+                                 bucket_mb=cfg.engine.weight_bucket_mb, timeout_s=timeout_s, on_running=on_running)
+    else:
+        weights = await asyncio.to_thread(engine_weights, workers, cfg)
+        sync = sync_weights(weights, engine, backend=cfg.engine.backend, model_path=cfg.model.path,
+                            run_dir=cfg.trainer.run_dir, step=step, on_running=on_running)
     try:
-        return await asyncio.wait_for(sync_weights(weights, engine, backend=cfg.engine.backend,
-                                                   model_path=cfg.model.path, run_dir=cfg.trainer.run_dir, step=step,
-                                                   on_running=on_running), cfg.trainer.weight_sync_timeout_s)
+        return await asyncio.wait_for(sync, timeout_s)
+    except (EngineError, BroadcastError) as e:
+        raise WeightSyncError(
+            f"pushing step {step}'s weights to the engine (engine.backend {cfg.engine.backend}, weight_sync "
+            f"{cfg.engine.weight_sync}) failed: {one_line(e)}; the step's update is saved, rerunning the command "
+            "resumes after it once the engine is back") from e
     except TimeoutError as e:
         raise WeightSyncTimeoutError(
             f"pushing step {step}'s weights to the engine (engine.backend {cfg.engine.backend}) took longer than "
@@ -719,7 +731,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
                                                engine=engine, pad_token_id=pad_token_id, critic=critic,
                                                kl_ctrl=kl_ctrl, infra=infra, buffer=buffer)
                 except InfraFailureError as stop:  # before the step's update (a weight push: after it)
-                    done = step if isinstance(stop, WeightSyncTimeoutError) else step - 1
+                    done = step if isinstance(stop, WeightSyncError) else step - 1
                     if buffer is None and done < step:
                         sampler.load_state_dict(sampler_at_start)
                     done = save_stop_checkpoint(cfg, workers, position, done, critic=critic, kl_ctrl=kl_ctrl)

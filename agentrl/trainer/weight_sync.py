@@ -9,11 +9,15 @@
   tokenizer files) under `run_dir/weights/step_NNNNNN/`, then `engine.update_weights(dir)` makes every server
   load it (`POST /update_weights_from_disk`; the router does not broadcast, the SGLangEngine calls each
   server). The servers must be able to read `run_dir` (shared filesystem on a cluster). Only the newest
-  weights folder is kept.
+  weights folder is kept. With `engine.weight_sync: broadcast` (`broadcast_weights`) nothing touches the disk: the
+  trainer's rank 0 broadcasts the tensors to every server over a process group (SGLang's
+  `/update_weights_from_distributed`, `agentrl.inference.weight_broadcast`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import mmap
 import os
@@ -41,14 +45,9 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], src_model_dir: str 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    tensors = {name: state_dict[name].detach().contiguous().cpu()
-               for name, alias in tied_aliases(state_dict).items() if alias is None}  # tied aliases stored once
-    if "lm_head.weight" in tensors and "model.embed_tokens.weight" in tensors:
-        import json
-
-        cfg = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
-        if cfg.get("tie_word_embeddings"):
-            tensors.pop("lm_head.weight")
+    cfg = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
+    tensors = {name: tensor.cpu() for name, tensor in hf_tensors(
+        state_dict, tie_word_embeddings=bool(cfg.get("tie_word_embeddings")))}
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     for name in HF_SIDE_FILES:
         if (src / name).is_file():
@@ -57,6 +56,16 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], src_model_dir: str 
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
+    return out
+
+
+def hf_tensors(state_dict: dict[str, torch.Tensor], *, tie_word_embeddings: bool) -> list[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs an engine needs, as HF stores them: each shared tensor once, and no lm_head when
+    it is tied to the embedding (the engine ties it on load)."""
+    out = [(name, state_dict[name].detach().contiguous()) for name, alias in tied_aliases(state_dict).items()
+           if alias is None]
+    if tie_word_embeddings and "model.embed_tokens.weight" in state_dict:
+        out = [(name, tensor) for name, tensor in out if name != "lm_head.weight"]
     return out
 
 
@@ -212,4 +221,25 @@ async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: 
     raise ValueError(f"engine.backend {backend!r}: weight sync supports 'local' and 'sglang'")
 
 
-__all__ = ["HF_SIDE_FILES", "SharedStateDict", "sync_weights", "write_hf_checkpoint"]
+async def broadcast_weights(workers, engine, *, step: int, token_file: str | None, bucket_mb: float,
+                            timeout_s: float, on_running: str | None = None) -> dict[str, float]:
+    """Send the policy's weights from the trainer's rank 0 straight to every SGLang-protocol server of `engine`
+    (an `SGLangEngine`) over a process group, as weight version `step` (`WorkerGroup.broadcast_weights`); no disk.
+    `on_running` as in `sync_weights`."""
+    t0 = time.perf_counter()
+    if on_running == "continue":
+        await engine.pause_generation("in_place")
+    try:
+        abort = on_running == "abort"
+        async with engine.weight_update(version=step, abort_in_flight=abort) as label:
+            target = {"urls": list(engine.urls), "token_file": token_file, "bucket_mb": bucket_mb,
+                      "timeout_s": timeout_s, "weight_version": label, "abort_all_requests": abort}
+            metrics = await asyncio.to_thread(workers.broadcast_weights, target)
+    finally:
+        if on_running == "continue":
+            await engine.continue_generation()
+    return {**metrics, "timing/weight_push_s": time.perf_counter() - t0}
+
+
+__all__ = ["HF_SIDE_FILES", "SharedStateDict", "broadcast_weights", "hf_tensors", "sync_weights",
+           "write_hf_checkpoint"]

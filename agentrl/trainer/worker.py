@@ -58,6 +58,47 @@ class PolicyWorker(FSDPWorker):
     def _threads_per_rank(self) -> int | None:
         return self.cfg.num_threads_per_worker
 
+    def broadcast_weights(self, target: dict) -> dict[str, float] | None:
+        """Send the policy's weights to SGLang-protocol servers over a process group of rank 0 and the servers
+        (`agentrl.inference.weight_broadcast`); collective like `full_state_dict`: every rank gathers, rank 0 sends
+        and returns the metrics. `target`: urls, token_file, bucket_mb, timeout_s (the servers and the transfer)
+        and weight_version, abort_all_requests (this update). The group stays open for the next update."""
+        from agentrl.inference.weight_broadcast import WeightBroadcaster
+        from agentrl.trainer.weight_sync import hf_tensors
+
+        state_dict = self._gather_state_dict()
+        if self.rank != 0:
+            return None
+        where = {key: target[key] for key in ("urls", "token_file", "bucket_mb", "timeout_s")}
+        if getattr(self, "_broadcast_target", None) != where:  # first update, or the servers changed
+            self.close_broadcast()
+            self._broadcaster = WeightBroadcaster(
+                target["urls"], master_address=self._broadcast_address(), token_file=target["token_file"],
+                backend="nccl" if self.device.type == "cuda" else "gloo", bucket_bytes=int(target["bucket_mb"] * 2**20),
+                timeout_s=target["timeout_s"], device=self.device)
+            self._broadcast_target = where
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        return self._broadcaster.send(hf_tensors(state_dict, tie_word_embeddings=tied),
+                                      weight_version=target["weight_version"],
+                                      abort_all_requests=target["abort_all_requests"])
+
+    @staticmethod
+    def _broadcast_address() -> str:
+        """This rank's address as servers on other nodes reach it: the Ray node's, else loopback."""
+        import ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+    def close_broadcast(self) -> None:
+        sender = getattr(self, "_broadcaster", None)
+        if sender is not None:
+            sender.shutdown()
+        self._broadcaster = self._broadcast_target = None
+
+    def shutdown(self) -> None:
+        self.close_broadcast()
+        super().shutdown()
+
     # ---------------------------------------------------------------------------------------------- forward
 
     def _forward(self, module, mb: TensorDict, temperature: float, with_entropy: bool, *,
@@ -353,6 +394,16 @@ class WorkerGroup(FSDPGroup):
         size = batch.batch_size[0]
         steps = mini_batches(size, mini_batch_size or size, shuffle=shuffle, seed=seed)
         return self._dispatch_train("update_sft", batch, steps, "bucket")
+
+    def broadcast_weights(self, target: dict) -> dict[str, float]:
+        """`PolicyWorker.broadcast_weights` on every rank; rank 0's metrics (a `BroadcastError` naming the server
+        that failed, with rank 0's message rather than Ray's traceback)."""
+        from agentrl.inference.weight_broadcast import BroadcastError
+
+        try:
+            return self._call("broadcast_weights", [(target,)] * self.world_size)[0]
+        except BroadcastError as e:
+            raise BroadcastError(str(getattr(e, "cause", None) or e)) from None
 
     def gradients(self, batch: TensorDict, *, temperature: float, strategy: str = "bucket") -> dict[str, torch.Tensor]:
         """Full gradient of the PPO objective over the whole batch as one mini-batch (no optimizer step)."""

@@ -15,6 +15,8 @@ pulls torch, zmq and the CUDA-era scheduler):
   literals in the route's function); srt/managers/tokenizer_manager.py and srt/utils/weight_versions.py: the
   meta_info keys SGLang's Python server writes. weight_versions.py's functions are run (its one sglang import, a
   pydantic hook its functions do not call, is left out) to build the spans SGLang reports.
+- srt/weight_sync/tensor_bucket.py (FlattenedTensorBucket, torch only) is run as is: the weight broadcast's
+  buckets must be its bytes, and the bodies of the three weight-broadcast routes must fit their request classes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+import torch
 import typing_extensions
 from pydantic import TypeAdapter
 
@@ -39,6 +42,15 @@ from agentrl.inference import EngineConfig
 from agentrl.inference.local import LocalEngine
 from agentrl.inference.server import _IGNORED, _READ, create_app
 from agentrl.inference.sglang import SGLangEngine
+from agentrl.inference.weight_broadcast import (
+    GROUP_NAME,
+    TensorSpec,
+    bucket_body,
+    init_group_body,
+    pack,
+    specs_from_request,
+    unpack,
+)
 from agentrl.inference.wire import generation_from_wire, version_from_label
 from agentrl.types import SamplingParams
 
@@ -430,3 +442,55 @@ async def test_serve_control_answers_use_sglangs_keys(sgl, serve, tiny_model_dir
     assert failed.json()["success"] is False
     r = await serve.post("/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 1}})
     assert r.json()["meta_info"]["weight_version"] == "7"
+
+
+# ---------------------------------------------------------------- weight broadcast (both ends) against SGLang
+
+BROADCAST_ROUTES = {"/init_weights_update_group": "InitWeightsUpdateGroupReqInput",
+                    "/update_weights_from_distributed": "UpdateWeightsFromDistributedReqInput",
+                    "/destroy_weights_update_group": "DestroyWeightsUpdateGroupReqInput"}
+
+
+def test_broadcast_bodies_fit_sglangs_request_classes(sgl):
+    specs = [TensorSpec("model.embed_tokens.weight", "float32", (16, 8)), TensorSpec("h", "bfloat16", (3,))]
+    bodies = {"/init_weights_update_group": init_group_body("10.0.0.5", 29500, rank_offset=1, world_size=3,
+                                                            backend="nccl"),
+              "/update_weights_from_distributed": bucket_body(specs, weight_version="4", abort_all_requests=True),
+              "/destroy_weights_update_group": {"group_name": GROUP_NAME}}
+    for path, cls in BROADCAST_ROUTES.items():
+        assert sgl.route_request_class(path) == cls
+        fields = sgl.fields("sglang/srt/managers/io_struct.py", cls)
+        assert set(bodies[path]) <= set(fields), (path, set(bodies[path]) - set(fields))
+        _validator(fields).validate_python(bodies[path], strict=True)
+        assert sgl.route_answer_keys(path) == {"success", "message"}
+    assert "flattened_bucket" in sgl.zip.read(
+        "sglang/srt/model_executor/model_runner_components/weight_updater.py").decode()  # the load format we send
+
+
+def test_packed_buckets_are_sglangs_flattened_tensor_bucket(sgl):
+    module = sgl._module("sglang/srt/weight_sync/tensor_bucket.py")  # imports torch and dataclasses only
+    tensors = [("w", torch.randn(3, 4)), ("i", torch.arange(6)), ("h", torch.randn(5).to(torch.bfloat16))]
+    theirs = module.FlattenedTensorBucket(named_tensors=tensors).get_flattened_tensor()
+    assert torch.equal(pack([t for _, t in tensors]), theirs)  # what the trainer sends, byte for byte
+    specs = [TensorSpec.of(name, t) for name, t in tensors]
+    body = bucket_body(specs)
+    received = module.FlattenedTensorBucket.empty(body["names"], body["dtypes"], body["shapes"], "cpu")
+    received.get_flattened_tensor().copy_(theirs)  # what SGLang's receiver rebuilds from our body
+    assert [(n, t.dtype, tuple(t.shape)) for n, t in received.reconstruct_tensors()] == [
+        (n, t.dtype, tuple(t.shape)) for n, t in tensors]
+    ours = unpack(theirs, specs_from_request(body))  # and engine serve reads SGLang's bytes alike
+    assert all(torch.equal(a, t) for (_, a), (_, t) in zip(ours, tensors))
+
+
+async def test_serve_broadcast_answers_use_sglangs_keys(sgl, serve):
+    defaults = {name: {k: v for k, (_, v) in sgl.fields("sglang/srt/managers/io_struct.py", cls).items()
+                       if v is not REQUIRED} for name, cls in BROADCAST_ROUTES.items()}
+    answers = [await serve.post("/init_weights_update_group", json=defaults["/init_weights_update_group"] | {
+                   "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2}),  # nccl
+               await serve.post("/update_weights_from_distributed", json=defaults["/update_weights_from_distributed"]
+                                | {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[128]]}),
+               await serve.post("/destroy_weights_update_group", json=defaults["/destroy_weights_update_group"])]
+    for r, named in zip(answers, ("send backend \"gloo\"", "Please call `init_weights_update_group` first",
+                                  "does not exist")):
+        assert r.status_code == 400 and r.json()["success"] is False and named in r.json()["message"]
+        assert set(r.json()) == {"success", "message"}
