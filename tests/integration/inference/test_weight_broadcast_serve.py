@@ -14,6 +14,7 @@ import httpx
 import pytest
 from helpers import free_port, service
 
+from agentrl.inference import EngineConfig
 from agentrl.inference.sglang import SGLangEngine
 from agentrl.inference.weight_broadcast import BroadcastError
 from agentrl.models.tiny import build_tiny_model
@@ -61,6 +62,10 @@ def servers(model_dir, token_file, count: int = 2):
         yield urls, procs
 
 
+def client(urls: list[str], token_file) -> SGLangEngine:
+    return SGLangEngine(urls, EngineConfig(backend="sglang", urls=urls, token_file=str(token_file)))
+
+
 def push(group, engine, step: int, token_file, timeout_s: float = 60.0):
     return broadcast_weights(group, engine, step=step, token_file=str(token_file), bucket_mb=0.5,
                              timeout_s=timeout_s)
@@ -71,11 +76,8 @@ async def test_broadcast_reaches_every_server_and_reuses_its_group(tiny_model_di
     token_file.write_text(TOKEN)
     group = WorkerGroup(ModelConfig(path=str(tiny_model_dir)), ActorConfig(lr=5e-3, grad_clip=1e6), use_ray=False)
     with servers(tiny_model_dir, token_file) as (urls, _):
-        both = SGLangEngine(urls)
-        both.config.token_file = str(token_file)
-        singles = [SGLangEngine([url]) for url in urls]
-        for engine in singles:
-            engine.config.token_file = str(token_file)
+        both = client(urls, token_file)
+        singles = [client([url], token_file) for url in urls]
         try:
             for step in (1, 2):
                 for _ in range(3):
@@ -101,8 +103,7 @@ async def test_a_dead_server_fails_the_push_by_name_and_the_next_push_opens_a_ne
     token_file.write_text(TOKEN)
     group = WorkerGroup(ModelConfig(path=str(tiny_model_dir)), ActorConfig(lr=5e-3, grad_clip=1e6), use_ray=False)
     with servers(tiny_model_dir, token_file) as (urls, procs):
-        engine = SGLangEngine(urls)
-        engine.config.token_file = str(token_file)
+        engine = client(urls, token_file)
         try:
             await push(group, engine, 1, token_file)
             os.killpg(procs[1].pid, signal.SIGKILL)
@@ -110,8 +111,7 @@ async def test_a_dead_server_fails_the_push_by_name_and_the_next_push_opens_a_ne
             with pytest.raises(BroadcastError) as err:
                 await push(group, engine, 2, token_file, timeout_s=20.0)
             assert "\n" not in str(err.value) and engine.weight_version == 1  # the failed update changed nothing
-            survivor = SGLangEngine(urls[:1])
-            survivor.config.token_file = str(token_file)
+            survivor = client(urls[:1], token_file)
             train_a_little(group)
             metrics = await push(group, survivor, 3, token_file)  # the server left gets a group of its own
             assert metrics["weight_sync/group_opened"] == 1.0
@@ -132,8 +132,7 @@ async def test_a_server_of_another_model_refuses_the_update_by_name(tiny_model_d
     trained, served = (deeper, tiny_model_dir) if trainer_deeper else (tiny_model_dir, deeper)
     group = WorkerGroup(ModelConfig(path=str(trained)), ActorConfig(lr=5e-3, grad_clip=1e6), use_ray=False)
     with servers(served, token_file, count=1) as (urls, _):
-        engine = SGLangEngine(urls)
-        engine.config.token_file = str(token_file)
+        engine = client(urls, token_file)
         try:
             refused = rf"{urls[0]}/update_weights_from_distributed: HTTP 400: .*{refusal}"
             with pytest.raises(BroadcastError, match=refused):
