@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, 8 episodes x 2 turns x 8 tokens, 1 round: checks the bench end to end")
+    parser.add_argument("--kill", action="store_true",
+                        help="fault figures instead: the same rollout on the largest --replicas count with and "
+                             "without replica 0 killed mid-rollout (episodes retried, lost, time to recover)")
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -116,9 +119,11 @@ def _side(path: Path, replicas: int, args) -> dict:
 
 
 def run(args) -> int:
+    from agentrl.console import quiet_third_party
     from agentrl.errors import UserError
     from agentrl.services import start_ray
 
+    quiet_third_party()
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
@@ -128,6 +133,9 @@ def run(args) -> int:
         counts = []
     if not counts or min(counts) < 1:
         raise UserError(f"--replicas {args.replicas!r}: give replica counts >= 1, comma-separated, e.g. 1,2")
+    if args.kill and (max(counts) < 2 or args.turns < 2):
+        raise UserError(f"--kill needs a replica to survive and a turn after the kill: --replicas {args.replicas} "
+                        f"and --turns {args.turns} were given; pass at least 2 of each")
     tmp = None
     if args.model:
         path = Path(args.model)
@@ -140,6 +148,19 @@ def run(args) -> int:
 
     # a Ray started here counts at least one CPU per replica, so the largest side starts on a smaller host too
     started = start_ray(num_cpus=max(os.cpu_count() or 1, *counts), log_to_driver=False)
+    if args.kill:
+        from agentrl.inference.replica_faults_bench import run_kill
+
+        try:
+            print(f"== {max(counts)} replicas, replica 0 killed mid-rollout or not: {args.episodes} concurrent "
+                  f"episodes x {args.turns} turns x {args.tokens} tokens (greedy, ignore_eos), model {path.name}",
+                  flush=True)
+            return run_kill(path, max(counts), args)
+        finally:
+            if started:
+                ray.shutdown()
+            if tmp is not None:
+                tmp.cleanup()
     try:
         print(f"== {args.episodes} concurrent episodes x {args.turns} turns x {args.tokens} tokens (greedy, "
               f"ignore_eos), {args.prompt_len}-token prompts, model {path.name}, {args.rounds} measured round(s) "
