@@ -25,7 +25,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from agentrl.inference.replicas_bench import OBSERVATION_TOKENS, _prompts, _vocab
+from agentrl.inference.replicas_bench import OBSERVATION_TOKENS, random_prompts, vocab_size
 
 VICTIM = 0
 
@@ -121,7 +121,7 @@ async def _recovery(engine, kill: _Kill, args, vocab: int) -> dict:
         return {"back": False, "why": engine.last_errors.get(VICTIM, "no answer")}
     stats = await engine.replica_stats()
     params = SamplingParams(max_new_tokens=args.tokens, temperature=0, ignore_eos=True)
-    prompts = _prompts(args.episodes, args.prompt_len, vocab, args.seed + 2)
+    prompts = random_prompts(args.episodes, args.prompt_len, vocab, args.seed + 2)
     fresh = await asyncio.gather(*[engine.generate(p, params, session_id=f"after-{i}") for i, p in enumerate(prompts)])
     on_victim = [g for g in fresh if g.metrics["replica"] == VICTIM]
     return {"back": True, "back_s": back_s, "pushed_at_s": pushed_at, "pushed_while_down": pushed_while_down,
@@ -139,8 +139,8 @@ def _state_dict(model_path: str) -> dict:
 
 async def _measure(engine, args, vocab: int) -> tuple[dict, dict, dict, dict]:
     await engine.update_weights(_state_dict(engine.model_path), version=1)
-    await _rollout(engine, _prompts(args.episodes, args.prompt_len, vocab, args.seed + 1), args, vocab, "warm-up")
-    prompts = _prompts(args.episodes, args.prompt_len, vocab, args.seed)
+    await _rollout(engine, random_prompts(args.episodes, args.prompt_len, vocab, args.seed + 1), args, vocab, "warm-up")
+    prompts = random_prompts(args.episodes, args.prompt_len, vocab, args.seed)
     plain = await _rollout(engine, prompts, args, vocab, "plain")
     kill = _Kill(engine, turn=max(1, args.turns // 2), tag="killed")  # a middle turn: pinned by then
     killed = await _rollout(engine, prompts, args, vocab, "killed", kill)
@@ -160,7 +160,7 @@ def run_kill(path: Path, replicas: int, args) -> int:
 
     async def go():
         try:
-            return await _measure(engine, args, _vocab(path))
+            return await _measure(engine, args, vocab_size(path))
         finally:
             await engine.close()
 

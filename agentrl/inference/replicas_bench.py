@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without replica 0 killed mid-rollout (episodes retried, lost, time to recover)")
 
 
-def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
@@ -73,8 +73,8 @@ async def _round(engine, prompts: list[list[int]], turns: int, tokens: int, tag:
 
 
 async def _measure(engine, args, vocab: int) -> dict:
-    prompts = _prompts(args.episodes, args.prompt_len, vocab, args.seed)
-    await _round(engine, _prompts(args.episodes, args.prompt_len, vocab, args.seed + 1), args.turns, args.tokens,
+    prompts = random_prompts(args.episodes, args.prompt_len, vocab, args.seed)
+    await _round(engine, random_prompts(args.episodes, args.prompt_len, vocab, args.seed + 1), args.turns, args.tokens,
                  "warm-up", vocab)
     replicated = hasattr(engine, "replica_stats")
     before = await engine.replica_stats() if replicated else {}
@@ -88,7 +88,7 @@ async def _measure(engine, args, vocab: int) -> dict:
     return row
 
 
-def _vocab(path: Path) -> int:
+def vocab_size(path: Path) -> int:
     return int(json.loads((path / "config.json").read_text())["vocab_size"])
 
 
@@ -102,7 +102,7 @@ def _side(path: Path, replicas: int, args) -> dict:
 
         engine = LocalEngine.from_pretrained(path, config)
         try:
-            return asyncio.run(_measure(engine, args, _vocab(path)))
+            return asyncio.run(_measure(engine, args, vocab_size(path)))
         finally:
             engine.close_sync()
     from agentrl.inference.replica_actor import start_replicas
@@ -111,7 +111,7 @@ def _side(path: Path, replicas: int, args) -> dict:
 
     async def go() -> dict:
         try:
-            return await _measure(engine, args, _vocab(path))
+            return await _measure(engine, args, vocab_size(path))
         finally:
             await engine.close()
 
