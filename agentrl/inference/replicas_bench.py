@@ -3,6 +3,7 @@
     agentrl bench replicas                     # small model, 64 episodes x 3 turns x 32 tokens, 2 rounds per side
     agentrl bench replicas --quick             # tiny model, a few short episodes: checks the bench end to end
     agentrl bench replicas --model runs/quickstart/sft --replicas 1,2,4
+    agentrl bench replicas --kill              # fault figures instead: replica_faults_bench.py
 
 Engine-bound episodes, no tools: every episode is `--turns` turns; each turn is one greedy generate of exactly
 `--tokens` tokens (ignore_eos, so every side produces the same tokens) under the episode's session id, followed by
