@@ -3,6 +3,7 @@
     agentrl bench replicas                     # small model, 64 episodes x 3 turns x 32 tokens, 2 rounds per side
     agentrl bench replicas --quick             # tiny model, a few short episodes: checks the bench end to end
     agentrl bench replicas --model runs/quickstart/sft --replicas 1,2,4
+    agentrl bench replicas --kill              # fault figures instead: replica_faults_bench.py
 
 Engine-bound episodes, no tools: every episode is `--turns` turns; each turn is one greedy generate of exactly
 `--tokens` tokens (ignore_eos, so every side produces the same tokens) under the episode's session id, followed by
@@ -43,9 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, 8 episodes x 2 turns x 8 tokens, 1 round: checks the bench end to end")
+    parser.add_argument("--kill", action="store_true",
+                        help="fault figures instead: the same rollout on the largest --replicas count with and "
+                             "without replica 0 killed mid-rollout (episodes retried, lost, time to recover)")
 
 
-def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
@@ -70,8 +74,8 @@ async def _round(engine, prompts: list[list[int]], turns: int, tokens: int, tag:
 
 
 async def _measure(engine, args, vocab: int) -> dict:
-    prompts = _prompts(args.episodes, args.prompt_len, vocab, args.seed)
-    await _round(engine, _prompts(args.episodes, args.prompt_len, vocab, args.seed + 1), args.turns, args.tokens,
+    prompts = random_prompts(args.episodes, args.prompt_len, vocab, args.seed)
+    await _round(engine, random_prompts(args.episodes, args.prompt_len, vocab, args.seed + 1), args.turns, args.tokens,
                  "warm-up", vocab)
     replicated = hasattr(engine, "replica_stats")
     before = await engine.replica_stats() if replicated else {}
@@ -85,7 +89,7 @@ async def _measure(engine, args, vocab: int) -> dict:
     return row
 
 
-def _vocab(path: Path) -> int:
+def vocab_size(path: Path) -> int:
     return int(json.loads((path / "config.json").read_text())["vocab_size"])
 
 
@@ -99,7 +103,7 @@ def _side(path: Path, replicas: int, args) -> dict:
 
         engine = LocalEngine.from_pretrained(path, config)
         try:
-            return asyncio.run(_measure(engine, args, _vocab(path)))
+            return asyncio.run(_measure(engine, args, vocab_size(path)))
         finally:
             engine.close_sync()
     from agentrl.inference.replica_actor import start_replicas
@@ -108,7 +112,7 @@ def _side(path: Path, replicas: int, args) -> dict:
 
     async def go() -> dict:
         try:
-            return await _measure(engine, args, _vocab(path))
+            return await _measure(engine, args, vocab_size(path))
         finally:
             await engine.close()
 
@@ -116,9 +120,11 @@ def _side(path: Path, replicas: int, args) -> dict:
 
 
 def run(args) -> int:
+    from agentrl.console import quiet_third_party
     from agentrl.errors import UserError
     from agentrl.services import start_ray
 
+    quiet_third_party()
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
@@ -128,6 +134,9 @@ def run(args) -> int:
         counts = []
     if not counts or min(counts) < 1:
         raise UserError(f"--replicas {args.replicas!r}: give replica counts >= 1, comma-separated, e.g. 1,2")
+    if args.kill and (max(counts) < 2 or args.turns < 2):
+        raise UserError(f"--kill needs a replica to survive and a turn after the kill: --replicas {args.replicas} "
+                        f"and --turns {args.turns} were given; pass at least 2 of each")
     tmp = None
     if args.model:
         path = Path(args.model)
@@ -140,6 +149,19 @@ def run(args) -> int:
 
     # a Ray started here counts at least one CPU per replica, so the largest side starts on a smaller host too
     started = start_ray(num_cpus=max(os.cpu_count() or 1, *counts), log_to_driver=False)
+    if args.kill:
+        from agentrl.inference.replica_faults_bench import run_kill
+
+        try:
+            print(f"== {max(counts)} replicas, replica 0 killed mid-rollout or not: {args.episodes} concurrent "
+                  f"episodes x {args.turns} turns x {args.tokens} tokens (greedy, ignore_eos), model {path.name}",
+                  flush=True)
+            return run_kill(path, max(counts), args)
+        finally:
+            if started:
+                ray.shutdown()
+            if tmp is not None:
+                tmp.cleanup()
     try:
         print(f"== {args.episodes} concurrent episodes x {args.turns} turns x {args.tokens} tokens (greedy, "
               f"ignore_eos), {args.prompt_len}-token prompts, model {path.name}, {args.rounds} measured round(s) "
