@@ -109,10 +109,11 @@ class Episode:
     response_versions: list[int] = field(default_factory=list)
     # What `agentrl replay` needs (agentrl/agent_loop/replay.py). `episode_id`: unique per episode
     # (f"{uid}-{sample_index}" as written by the rollout, before a trainer's refill suffix). `turns`: one dict
-    # per engine call: the SamplingParams sent (seed included), the token count, finish_reason and the weight
-    # version the engine reported. `replay`: the engine (class, model, weight version), the task's tool names,
-    # tool schemas and tools_kwargs, how many messages the prompt had, and the agent config. Each tool_calls
-    # record also carries `response` (the registry's raw reply, before truncation).
+    # per engine call: the SamplingParams sent (seed included), the token count, finish_reason, the weight
+    # version the engine reported and, where it says, the server that answered (`server`: an SGLang server's URL,
+    # or the index of an `engine.replicas` replica). `replay`: the engine (class, model, weight version), the
+    # task's tool names, tool schemas and tools_kwargs, how many messages the prompt had, and the agent config.
+    # Each tool_calls record also carries `response` (the registry's raw reply, before truncation).
     episode_id: str = ""
     turns: list[dict] = field(default_factory=list)
     replay: dict = field(default_factory=dict)

@@ -333,6 +333,9 @@ class ToolAgentLoop:
             state.metrics["engine_s"] += time.monotonic() - t0
         record.update(tokens=len(gen.token_ids), finish_reason=gen.finish_reason,
                       weight_version=gen.metrics.get("weight_version"))
+        server = gen.metrics.get("server", gen.metrics.get("replica"))  # SGLang server URL / replica index
+        if server is not None:
+            record["server"] = server
         return gen
 
     async def _generate(self, ids: list[int], params: SamplingParams, session_id: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentrl.auth import TOKEN_HELP
+from agentrl.auth import TOKEN_ENV, TOKEN_HELP
 
 
 def add_commands(subparsers) -> None:
@@ -35,7 +35,13 @@ def add_commands(subparsers) -> None:
     launch.add_argument("--num-servers", type=int, default=1)
     launch.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server")
     launch.add_argument("--base-port", type=int, default=30000)
-    launch.add_argument("--host", default="127.0.0.1")
+    launch.add_argument("--host", default="127.0.0.1",
+                        help="bind address (default 127.0.0.1); any other needs a token (--token-file)")
+    launch.add_argument("--token-file", default=None, metavar="PATH",
+                        help=f"file holding the servers' API key (SGLang's --api-key, passed in a private --config "
+                             f"file, not on the command line); clients send it as 'Authorization: Bearer <key>' "
+                             f"(engine.token_file). Default: ${TOKEN_ENV} if set; required with a --host other than "
+                             f"loopback")
     launch.add_argument("--gpus", default=None, help="comma-separated GPU ids to use (default: 0..K*TP-1)")
     launch.add_argument("--mem-fraction-static", type=float, default=0.7)
     launch.add_argument("--context-length", type=int, default=None)
@@ -76,10 +82,21 @@ def _serve(args) -> int:
 
 
 def _launch_sglang(args) -> int:
-    from agentrl.inference.launcher import SGLangLaunchSpec, launch_sglang_servers, sglang_server_commands
+    from dataclasses import replace
+
+    from agentrl.auth import service_token
+    from agentrl.inference.launcher import (
+        API_KEY_CONFIG,
+        SGLangLaunchSpec,
+        check_extra_args,
+        launch_sglang_servers,
+        sglang_server_commands,
+    )
     from agentrl.services import sigterm_as_interrupt
 
+    token = service_token(args.host, args.token_file, "agentrl engine launch-sglang")
     extra = [a for a in args.extra if a != "--"]
+    check_extra_args(extra, token)
     spec = SGLangLaunchSpec(model_path=args.model, num_servers=args.num_servers, tp=args.tp,
                             base_port=args.base_port, host=args.host,
                             gpus=[int(g) for g in args.gpus.split(",")] if args.gpus else None,
@@ -87,11 +104,15 @@ def _launch_sglang(args) -> int:
                             dtype=args.dtype, enable_memory_saver=not args.no_memory_saver,
                             deterministic=args.deterministic, extra_args=extra)
     if args.dry_run:
-        for env, cmd in sglang_server_commands(spec):
+        shown = replace(spec, api_key_config=API_KEY_CONFIG) if token else spec
+        for env, cmd in sglang_server_commands(shown):
             print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(cmd))
+        if token:
+            print(f"# {API_KEY_CONFIG}: a file of mode 600 holding 'api-key: <the token>', written at launch and "
+                  "removed once the servers answer /health", flush=True)
         return 0
     sigterm_as_interrupt()  # `kill` stops the servers too, not only Ctrl-C
-    with launch_sglang_servers(spec, health_timeout_s=args.health_timeout) as servers:
+    with launch_sglang_servers(spec, health_timeout_s=args.health_timeout, token=token) as servers:
         if args.urls_file:
             with open(args.urls_file, "w") as f:
                 f.write("\n".join(servers.urls) + "\n")

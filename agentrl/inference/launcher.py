@@ -5,20 +5,41 @@ trainer code calls them yet, so the servers keep their memory and the trainer ne
 `--mem-fraction-static`, `--tp-size`, and loopback hosts. Each server gets its own GPUs through
 CUDA_VISIBLE_DEVICES. `launch_sglang_servers` waits for every server's /health and kills the whole set if any of
 them dies or times out. None of this has run against a real SGLang server (docs/engines.md, "Not yet verified").
+
+API key. Given a token (`--token-file`, else $AGENTRL_SERVICE_TOKEN, as `agentrl.auth` reads it), every server
+gets it as SGLang's `--api-key` without the secret on its command line, where `ps` shows it to every user: it
+goes into a YAML file of SGLang's `--config` option (mode 600, in a private temporary directory that is removed
+once the servers answer /health; SGLang reads the file while it parses its arguments). SGLang 0.5.23 then asks
+for `Authorization: Bearer <key>` on every route but /health*, /ready* and /metrics*. It still prints its
+server_args, the api key among them, in its start-up log and answers them on /server_info (behind the key):
+keep its log private. A --host other than loopback needs a token.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Iterator
 
 import httpx
+
+from agentrl.auth import TOKEN_ENV
+from agentrl.errors import UserError
+
+API_KEY_CONFIG = "API_KEY_CONFIG"  # what --dry-run prints for the --config file written at launch
+_SECRET_FLAGS = ("--api-key", "--admin-api-key", "--config")  # flags after -- that clash with a token given here
+
+
+class LaunchArgsError(UserError):
+    """Flags after `--` that the launcher's own options already set."""
 
 
 @dataclass
@@ -35,6 +56,7 @@ class SGLangLaunchSpec:
     enable_memory_saver: bool = True
     deterministic: bool = False
     extra_args: list[str] = field(default_factory=list)
+    api_key_config: str | None = None  # SGLang --config YAML holding `api-key` (`write_api_key_config`)
 
     def __post_init__(self) -> None:
         if self.num_servers < 1 or self.tp < 1:
@@ -68,10 +90,35 @@ def sglang_server_commands(spec: SGLangLaunchSpec) -> list[tuple[dict[str, str],
             cmd.append("--enable-memory-saver")
         if spec.deterministic:
             cmd.append("--enable-deterministic-inference")
+        if spec.api_key_config is not None:
+            cmd += ["--config", spec.api_key_config]
         cmd += list(spec.extra_args)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus[i * spec.tp:(i + 1) * spec.tp])}
         out.append((env, cmd))
     return out
+
+
+def check_extra_args(extra_args: list[str], token: str | None) -> None:
+    """With a token, flags after `--` may not set the key another way (`--api-key` would also show it in `ps`)."""
+    if token is None:
+        return
+    clash = [a for a in extra_args if a.split("=", 1)[0] in _SECRET_FLAGS]
+    if clash:
+        flags = " ".join(clash)
+        raise LaunchArgsError(f"{flags} after -- clashes with the token (--token-file or ${TOKEN_ENV}), which "
+                              f"launch-sglang passes to SGLang as --api-key through a private --config file: drop "
+                              f"{flags}, and put other options after -- instead of in a --config file")
+
+
+def write_api_key_config(token: str, directory: str | Path) -> Path:
+    """`directory/api_key.yaml` (mode 600) holding `api-key: <token>`, for SGLang's `--config`."""
+    import yaml
+
+    path = Path(directory) / "api_key.yaml"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump({"api-key": token}, f)
+    return path
 
 
 class SGLangServers:
@@ -125,16 +172,27 @@ def wait_healthy(urls: list[str], procs: list[subprocess.Popen] | None, timeout_
 
 
 @contextlib.contextmanager
-def launch_sglang_servers(spec: SGLangLaunchSpec, health_timeout_s: float = 900.0) -> Iterator[SGLangServers]:
+def launch_sglang_servers(spec: SGLangLaunchSpec, health_timeout_s: float = 900.0,
+                          token: str | None = None) -> Iterator[SGLangServers]:
+    """Start the servers of `spec` (with `token` as their --api-key) and wait until all are healthy."""
+    check_extra_args(spec.extra_args, token)
+    secret_dir = tempfile.mkdtemp(prefix="agentrl-sglang-") if token is not None else None  # mode 700
+    if secret_dir is not None:
+        spec = replace(spec, api_key_config=str(write_api_key_config(token, secret_dir)))
     procs = []
     servers = SGLangServers(spec, procs)
     try:
         for env, cmd in sglang_server_commands(spec):
             procs.append(subprocess.Popen(cmd, env={**os.environ, **env}, start_new_session=True))
         wait_healthy(servers.urls, procs, health_timeout_s)
+        if secret_dir is not None:  # every server has read its arguments long before /health answers
+            shutil.rmtree(secret_dir, ignore_errors=True)
         yield servers
     finally:
         servers.close()
+        if secret_dir is not None:
+            shutil.rmtree(secret_dir, ignore_errors=True)
 
 
-__all__ = ["SGLangLaunchSpec", "SGLangServers", "sglang_server_commands", "launch_sglang_servers", "wait_healthy"]
+__all__ = ["API_KEY_CONFIG", "LaunchArgsError", "SGLangLaunchSpec", "SGLangServers", "check_extra_args",
+           "launch_sglang_servers", "sglang_server_commands", "wait_healthy", "write_api_key_config"]

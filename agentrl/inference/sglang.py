@@ -342,6 +342,10 @@ class SGLangEngine:
                 return r.json()
         raise EngineError(f"{self.urls[0]} answers neither /get_model_info nor /model_info")
 
+    async def weight_labels(self) -> list[str]:
+        """Each server's `weight_version` label (/get_model_info): "default" for the weights it started with."""
+        return [str(info.get("weight_version", "default")) for info in await self._broadcast("GET", "/get_model_info")]
+
 
 def _error_message(r: httpx.Response) -> str:
     try:

@@ -33,9 +33,11 @@ step puts it in the batch; `metrics.timed` times every phase. `run` opens Ray, t
 and the logger on an exit stack, so they close in reverse order however the run ends.
 
 How a run starts in its run_dir (fresh, resumed from a checkpoint, or already complete) and what a resume does
-to the directory's records: `agentrl.trainer.resume`. What the console shows: `agentrl.trainer.console`. When a
-run stops on its own (a reward function raised, the tools or engines are down) and what it says:
-`agentrl.trainer.stops`.
+to the directory's records: `agentrl.trainer.resume`. A resume pushes the checkpoint's weights to the engine
+before its first step; a fresh run against SGLang servers that serve weights pushed earlier (an earlier run's)
+pushes its initial weights first, as version 0 (`foreign_weight_labels`). What the console shows:
+`agentrl.trainer.console`. When a run stops on its own (a reward function raised, the tools or engines are down)
+and what it says: `agentrl.trainer.stops`.
 
 Entry points: `train(cfg)` (blocking) and `run(cfg)` (async). `agentrl train CONFIG [overrides]` calls `train`.
 """
@@ -406,6 +408,15 @@ async def push_weights(workers, engine, cfg: TrainConfig, step: int, *, during_r
             "the command resumes after it") from e
 
 
+async def foreign_weight_labels(engine, cfg: TrainConfig) -> list[str]:
+    """At a fresh start: the labels of SGLang servers that serve weights pushed before this run (an earlier run's
+    last step; anything but the "default" weights they started with), which the run's initial weights must replace
+    before step 1 samples; [] when every server serves its own. Other backends start with this run's weights."""
+    if cfg.engine.backend != "sglang":
+        return []
+    return sorted({label for label in await engine.weight_labels() if label != "default"})
+
+
 def engine_weights(workers, cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """The policy's unsharded weights for `sync_weights`: shared-memory views for an engine in this process."""
     return workers.engine_state_dict() if cfg.engine.backend == "local" else workers.full_state_dict()
@@ -718,6 +729,10 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             if start.checkpoint is not None:
                 groups = restore_checkpoint(start.checkpoint, workers, sampler, critic=critic, kl_ctrl=kl_ctrl)
                 await push_weights(workers, engine, cfg, start.step)  # the resumed weights, within the timeout
+            elif labels := await foreign_weight_labels(engine, cfg):
+                print(f"the engine's servers serve weight versions {labels} pushed before this run: pushing the "
+                      "run's initial weights (version 0) first", flush=True)
+                await push_weights(workers, engine, cfg, 0)
             if val_tasks and cfg.trainer.test_freq and start.step == 0:
                 logger.log(0, await validate(val_rollout, val_tasks, 0))
             metrics: dict[str, float] = {}
@@ -762,6 +777,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
 __all__ = [
     "TaskSampler",
     "collect_episodes",
+    "foreign_weight_labels",
     "group_by_uid",
     "episode_scores",
     "has_signal",

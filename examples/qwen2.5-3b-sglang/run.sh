@@ -14,11 +14,14 @@
 #   TRAIN_GPUS [4,5,6,7]                              FSDP ranks, one per GPU (actor.world_size)
 #   BASE_PORT [30000]  TOOLS_PORT [8001]  MEM_FRACTION [0.7]
 #   STEPS [150]  N_TRAIN [20000]  N_EVAL [200]  OUT [runs/examples/qwen2.5-3b-sglang]
+#   ENGINE_TOKEN_FILE [OUT/engine.token, a random key written when missing]  the servers' API key (SGLang's
+#               --api-key, handed over in a private --config file, not on the command line); the trainer sends it
 #   RAY_ADDRESS [unset: start a head on this node with the TRAIN_GPUS, stopped on exit; "auto" or host:port:
 #               join a running cluster, e.g. after `ray start --head --port 6379` here and
 #               `ray start --address HEAD_IP:6379 --num-gpus 8` on each worker node]
 # Multi-node: run the SGLang servers wherever there are free GPUs and pass their URLs with URLS=url1,url2,...
-# (the run dir must then be on a filesystem every server can read: weight sync goes through disk).
+# and their key file with ENGINE_TOKEN_FILE (`launch-sglang --host 0.0.0.0` needs --token-file); the run dir
+# must then be on a filesystem every server can read: weight sync goes through disk.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -67,6 +70,13 @@ fi
 run "$AGENTRL" data make calc --split train --n "$N_TRAIN" "$DATA/calc-train.jsonl" --seed 0
 run "$AGENTRL" data make calc --split heldout --n "$N_EVAL" "$DATA/calc-heldout.jsonl" --seed 0
 
+# The servers' API key: every request but /health must carry it (the trainer's engine.token_file).
+ENGINE_TOKEN_FILE=${ENGINE_TOKEN_FILE:-$OUT/engine.token}
+if [[ ! -s $ENGINE_TOKEN_FILE ]]; then
+  mkdir -p "$(dirname "$ENGINE_TOKEN_FILE")"
+  (umask 077; "$PYTHON" -c 'import secrets; print(secrets.token_hex(32))' > "$ENGINE_TOKEN_FILE")
+fi
+
 # 3. SGLang servers, one per TP group of SGLANG_GPUS (memory saver, explicit mem-fraction, loopback; the trainer
 #    does not release their memory, so it trains on GPUs of its own); `launch-sglang` waits for every /health and
 #    writes the URLs file. It runs under a SIGTERM handler so that the EXIT trap's kill stops the servers it
@@ -76,7 +86,7 @@ if [[ -z ${URLS:-} ]]; then
   rm -f "$OUT/sglang_urls.txt"
   LAUNCH=(engine launch-sglang --model "$MODEL_PATH" --num-servers "$NUM_SERVERS" --tp "$TP"
           --gpus "$SGLANG_GPUS" --base-port "$BASE_PORT" --mem-fraction-static "$MEM_FRACTION"
-          --urls-file "$OUT/sglang_urls.txt")
+          --urls-file "$OUT/sglang_urls.txt" --token-file "$ENGINE_TOKEN_FILE")
   if [[ $DRY_RUN == 1 ]]; then
     "$AGENTRL" "${LAUNCH[@]}" --dry-run
     URLS=$(seq -s, -f "http://127.0.0.1:%g" "$BASE_PORT" $(( BASE_PORT + NUM_SERVERS - 1 )))
@@ -120,6 +130,7 @@ fi
 # 6. GRPO. Every step: rollouts on the servers -> FSDP update -> HF checkpoint in OUT/rl/weights ->
 #    /update_weights_from_disk on every server. Rerunning resumes from OUT/rl/checkpoints.
 TRAIN=(train "$CONFIG" model.path="$MODEL_PATH" engine.backend=sglang "engine.urls=[$URLS]"
+       engine.token_file="$ENGINE_TOKEN_FILE"
        "tools.services=[{url: \"http://127.0.0.1:$TOOLS_PORT\", name: calculator, timeout_s: 10.0, retries: 2}]"
        "data.train_files=[$DATA/calc-train.jsonl]" "data.val_files=[$DATA/calc-heldout.jsonl]"
        actor.world_size="$WORLD_SIZE" actor.num_gpus_per_worker=1 trainer.ray_address="$RAY_ADDRESS"

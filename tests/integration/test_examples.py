@@ -59,6 +59,11 @@ def test_gpu_example_resolves_its_config(tmp_path):
     assert cfg["model"]["mixed_precision"] == "bfloat16" and cfg["actor"]["clip_ratio_high"] == 0.28
     assert cfg["tools"]["services"][0]["url"] == "http://127.0.0.1:8001"
     assert cfg["data"]["train_files"] == [f"{tmp_path}/data/calc-train.jsonl"]
+    # the servers ask for a key, written once (mode 600), passed to SGLang in a --config file, sent by the trainer
+    assert out.stdout.count("--config API_KEY_CONFIG") == 4
+    assert cfg["engine"]["token_file"] == str(tmp_path / "engine.token")
+    assert (tmp_path / "engine.token").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "engine.token").read_text().strip() not in out.stdout
 
 
 def test_calc_example_runs_end_to_end(tmp_path, tiny_model_dir):

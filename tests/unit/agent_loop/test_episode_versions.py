@@ -112,3 +112,14 @@ async def test_local_engine_versions_are_the_engine_weight_version(tiny_model_di
         assert [v for v, m in zip(episode.response_versions, episode.response_mask) if m] == \
             [version] * sum(episode.response_mask)
         assert all(v == -1 for v, m in zip(episode.response_versions, episode.response_mask) if not m)
+
+
+async def test_each_turn_records_the_server_that_sampled_it(tiny_tokenizer, registry):
+    call = model_turn("", [("add", {"a": 2, "b": 2})])
+    first, second = turn(tiny_tokenizer, call, version=1), turn(tiny_tokenizer, "4", version=1)
+    first.metrics["server"] = "http://10.0.0.7:30000"  # SGLangEngine: the URL that answered
+    second.metrics["replica"] = 1  # ReplicatedEngine: the replica's index
+    episode = await run(tiny_tokenizer, registry, [first, second])
+    assert [t["server"] for t in episode.turns] == ["http://10.0.0.7:30000", 1]
+    silent = await run(tiny_tokenizer, registry, [turn(tiny_tokenizer, "4", version=1)])
+    assert "server" not in silent.turns[0]  # an engine that does not say records nothing

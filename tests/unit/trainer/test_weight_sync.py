@@ -117,3 +117,33 @@ async def test_a_weight_push_that_never_finishes_stops_with_one_line_naming_the_
     assert "trainer.weight_sync_timeout_s=0.01" in message and "raise the timeout" in message
     # async mode passes rollout.on_weight_update to the engine; sync mode pushes to an idle engine
     assert engine.calls == [{"version": 7, "on_running": "abort" if during_rollout else "continue"}]
+
+
+@pytest.mark.parametrize(("labels", "foreign"), [(["default", "default"], []), (["default", "4"], ["4"]),
+                                                 (["4", "4"], ["4"])])
+async def test_a_fresh_run_finds_servers_that_serve_an_earlier_runs_weights(labels, foreign):
+    """SGLang servers reused from an earlier run serve its last step (label "4"): a fresh run must push its own
+    initial weights before step 1 samples, else it trains on episodes of another policy (and the staleness check
+    finds a version newer than the trainer's)."""
+    import httpx
+
+    from agentrl.inference import EngineConfig
+    from agentrl.inference.sglang import SGLangEngine
+    from agentrl.trainer.loop import foreign_weight_labels
+
+    urls = ["http://s0:30000", "http://s1:30000"]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/get_model_info":
+            return httpx.Response(200, json={"model_path": "m", "weight_version": labels[urls.index(
+                f"http://{request.url.host}:{request.url.port}")]})
+        return httpx.Response(200, json={})
+
+    engine = SGLangEngine(urls, EngineConfig(backend="sglang", urls=urls), transport=httpx.MockTransport(answer))
+    cfg = load_config(TrainConfig, overrides=["engine.backend=sglang", f"engine.urls=[{','.join(urls)}]"])
+    try:
+        assert await engine.weight_labels() == labels
+        assert await foreign_weight_labels(engine, cfg) == foreign
+    finally:
+        await engine.close()
+    assert await foreign_weight_labels(None, load_config(TrainConfig, overrides=[])) == []  # local: nothing to ask
