@@ -33,10 +33,13 @@ PROMPT = [3064, 432, 198, 52, 435, 326, 585, 446, 11, 2538]
 class SyncMode:
     config: list[str] = field(default_factory=list)  # training config overrides
     serve: list[str] = field(default_factory=list)  # extra `agentrl engine serve` flags
+    on_disk: bool = True  # the last step's weights stay under RUN_DIR/weights
 
 
 SYNC_MODES = {
     "disk": SyncMode(),  # HF checkpoint under RUN_DIR/weights, then /update_weights_from_disk on every server
+    # the trainer's rank 0 (a Ray actor) broadcasts to both servers over gloo, in several buckets
+    "broadcast": SyncMode(config=["engine.weight_sync=broadcast", "engine.weight_bucket_mb=0.5"], on_disk=False),
 }
 
 
@@ -120,8 +123,8 @@ def test_training_run_over_two_locked_sglang_servers(weight_sync, ray_session, t
             assert info["stats"]["prefills"] > 0
             assert sampled_drift(final, url, headers) < 1e-4  # the server samples the trainer's final policy
             assert sampled_drift(initial, url, headers) > 1e-3  # ... which is not the one it started with
-        # only the last step's weights stay on disk
-        assert sorted(p.name for p in (run / "weights").iterdir()) == [f"step_{TOTAL_STEPS:06d}"]
+        # only the last step's weights stay on disk (none when they were broadcast)
+        assert sorted(p.name for p in (run / "weights").iterdir()) == [f"step_{TOTAL_STEPS:06d}"] * mode.on_disk
 
         # A new run on the same servers (the earlier run moved aside) first replaces the weights they serve, the
         # earlier run's last step, with its initial ones: its step 1 samples the policy it trains.
