@@ -36,6 +36,7 @@ BENCH_MODULES: dict[str, str] = {
     "train": "agentrl.trainer.bench",
     "step": "agentrl.trainer.step_bench",
     "async": "agentrl.trainer.async_bench",
+    "weight-sync": "agentrl.trainer.weight_sync_bench",
     "view": "agentrl.viewer.bench",
 }
 

@@ -55,7 +55,8 @@ class EngineConfig(ConfigModel):
     # every server and broadcasts the tensors, bucketed: NCCL on GPUs, gloo on CPU; the servers must reach rank 0's
     # node) or "disk" (an HF checkpoint under trainer.run_dir/weights that every server loads: a shared filesystem)
     weight_sync: Literal["broadcast", "disk"] = "disk"
-    weight_bucket_mb: float = Field(256.0, gt=0)  # broadcast: tensors per broadcast call, about this many MiB
+    weight_bucket_mb: float = Field(256.0, gt=0)  # broadcast: tensors per HTTP call to each server, about this many MiB
+    weight_flatten_buckets: bool = False  # broadcast each bucket as one flat tensor (fewer collectives) not per tensor
     # the servers' token (SGLang's --api-key, `agentrl engine serve --token-file`), sent as Authorization: Bearer
     token_file: str | None = None
 

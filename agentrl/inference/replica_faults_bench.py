@@ -25,7 +25,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from agentrl.inference.replicas_bench import OBSERVATION_TOKENS, random_prompts, vocab_size
+from agentrl.inference.bench_episodes import OBSERVATION_TOKENS, observation, random_prompts, vocab_size
 
 VICTIM = 0
 
@@ -84,7 +84,7 @@ async def _rollout(engine, prompts: list[list[int]], args, vocab: int, tag: str,
                 gen = await engine.generate(ids, params, session_id=f"{tag}-ep{i}")
                 retried[i] += gen.metrics.get("replica_retries", 0)
                 out += gen.token_ids
-                ids += gen.token_ids + [(i * 7 + turn * 13 + k) % vocab for k in range(OBSERVATION_TOKENS)]
+                ids += gen.token_ids + observation(i, turn, vocab)
         except Exception as e:  # noqa: BLE001 -- a lost episode is a figure of the bench, not its end
             print(f"  episode {i} lost: {type(e).__name__}: {e}", flush=True)
             return None

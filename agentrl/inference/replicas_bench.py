@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from agentrl.inference.bench_episodes import OBSERVATION_TOKENS, observation, random_prompts, vocab_size
+
 QUICK = {"size": "tiny", "episodes": 8, "turns": 2, "tokens": 8, "rounds": 1}
-OBSERVATION_TOKENS = 8
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,11 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without replica 0 killed mid-rollout (episodes retried, lost, time to recover)")
 
 
-def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
-
-
 async def _round(engine, prompts: list[list[int]], turns: int, tokens: int, tag: str, vocab: int):
     """All episodes at once; returns (wall s, tokens generated, each episode's generated ids)."""
     from agentrl.types import SamplingParams
@@ -65,7 +59,7 @@ async def _round(engine, prompts: list[list[int]], turns: int, tokens: int, tag:
         for turn in range(turns):
             gen = await engine.generate(ids, params, session_id=f"{tag}-ep{i}")
             out += gen.token_ids
-            ids += gen.token_ids + [(i * 7 + turn * 13 + k) % vocab for k in range(OBSERVATION_TOKENS)]
+            ids += gen.token_ids + observation(i, turn, vocab)
         return out
 
     t0 = time.perf_counter()
@@ -87,10 +81,6 @@ async def _measure(engine, args, vocab: int) -> dict:
         after = await engine.replica_stats()
         row["per_replica"] = "/".join(str(after[i]["requests"] - before[i]["requests"]) for i in sorted(after))
     return row
-
-
-def vocab_size(path: Path) -> int:
-    return int(json.loads((path / "config.json").read_text())["vocab_size"])
 
 
 def _side(path: Path, replicas: int, args) -> dict:

@@ -6,10 +6,11 @@ The protocol (sglang 0.5.x, `/init_weights_update_group` + `/update_weights_from
    `rank_offset_i .. rank_offset_i + tp_i - 1`, world size `1 + sum(tp_i)`. It posts `/init_weights_update_group`
    (master address and port, rank offset, world size, group name, backend) to every server and joins the
    rendezvous itself at the same time: nobody returns before everybody has joined.
-2. Per update, per bucket: it posts `/update_weights_from_distributed` (the bucket's names, dtypes, shapes,
-   `load_format: "flattened_bucket"`) to every server and broadcasts the bucket's bytes from rank 0: one uint8
-   tensor holding the tensors back to back, each at a byte offset its dtype's size divides (`pack` / `unpack`,
-   SGLang's FlattenedTensorBucket layout). A server answers its post once it has received and loaded the bucket.
+2. Per update, per bucket of about `bucket_bytes`: it posts `/update_weights_from_distributed` (the bucket's
+   names, dtypes, shapes) to every server and broadcasts each tensor from rank 0, in order (SGLang's default
+   format); or, with `flatten`, the bucket's bytes as one uint8 tensor holding the tensors back to back, each at a
+   byte offset its dtype's size divides (`load_format: "flattened_bucket"`, `pack` / `unpack`, SGLang's
+   FlattenedTensorBucket layout). A server answers its post once it has received and loaded the bucket.
 
 `WeightBroadcaster` is the sending side (the trainer's rank 0); `agentrl engine serve` is a receiving side on CPU
 (`agentrl.inference.server`). The backend is NCCL between GPUs (real SGLang servers) and gloo on CPU; the
@@ -191,18 +192,21 @@ class WeightBroadcaster:
 
     `master_address`: this host's address as the servers reach it (the trainer rank's node address on a cluster).
     `backend`: "nccl" for GPU tensors to SGLang, "gloo" on CPU. `timeout_s` bounds the rendezvous, each broadcast
-    and each HTTP answer. `transport` replaces the network for the HTTP calls (tests)."""
+    and each HTTP answer. `flatten`: each bucket travels as one flattened tensor (fewer collectives, for models of
+    many small tensors) instead of one broadcast per tensor, which needs no packing copy on either side and is
+    faster here (docs/scaling.md). `transport` replaces the network for the HTTP calls (tests)."""
 
     def __init__(self, urls: list[str], *, master_address: str = "127.0.0.1", backend: str = "gloo",
                  bucket_bytes: int = 256 << 20, timeout_s: float = 300.0, token_file: str | None = None,
                  group_name: str = GROUP_NAME, device: torch.device | str = "cpu",
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, flatten: bool = False):
         if not urls:
             raise ValueError("WeightBroadcaster needs at least one server URL")
         self.urls = [u.rstrip("/") for u in urls]
         self.master_address, self.backend = master_address, backend
         self.bucket_bytes, self.timeout_s = bucket_bytes, timeout_s
         self.group_name, self.device = group_name, torch.device(device)
+        self.flatten = flatten
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport,
                                   headers=bearer_headers(token_file, _TOKEN_KEY))
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.urls)),
@@ -285,7 +289,10 @@ class WeightBroadcaster:
                 body = bucket_body([specs[j] for j in indices], group_name=self.group_name,
                                    weight_version=weight_version if last else None, flush_cache=flush_cache and last,
                                    abort_all_requests=abort_all_requests and i == 0)
-                self._send_bucket(body, pack([named[j][1] for j in indices], self.device))
+                if not self.flatten:
+                    body.pop("load_format")
+                self._send_bucket(body, [pack([named[j][1] for j in indices], self.device)] if self.flatten
+                                  else [named[j][1].detach().contiguous().to(self.device) for j in indices])
         except BaseException:
             self.close()  # the servers may be mid-receive: the next send starts from a fresh group
             raise
@@ -293,13 +300,14 @@ class WeightBroadcaster:
                 "weight_sync/buckets": float(len(buckets)), "weight_sync/mb": sum(s.nbytes for s in specs) / 2**20,
                 "weight_sync/group_opened": float(opened)}
 
-    def _send_bucket(self, body: dict, flat: torch.Tensor) -> None:
+    def _send_bucket(self, body: dict, tensors: list[torch.Tensor]) -> None:
+        """Post the bucket to every server and broadcast its tensors (one flattened tensor, or each in order)."""
         import torch.distributed as dist
 
         posts = [self._pool.submit(self._post, url, "/update_weights_from_distributed", body) for url in self.urls]
-        work = dist.broadcast(flat, group_src=0, group=self._group, async_op=True)
+        works = [dist.broadcast(t, group_src=0, group=self._group, async_op=True) for t in tensors]
         deadline = time.monotonic() + self.timeout_s
-        while not work.is_completed():  # a server that refused the bucket never joins the broadcast: say so now
+        while not all(work.is_completed() for work in works):  # a server that refused never joins: say so now
             failure = _first_failure(posts)
             if failure:
                 raise BroadcastError(f"weight broadcast stopped: {failure}")
@@ -308,7 +316,8 @@ class WeightBroadcaster:
                                      f"did not finish within {self.timeout_s:g}s")
             time.sleep(0.002)
         try:
-            work.wait()
+            for work in works:
+                work.wait()
         except RuntimeError as e:  # a peer left the group (it refused the bucket, or died): its answer says why
             raise BroadcastError(f"weight broadcast stopped: {_first_failure(posts, _ANSWER_WAIT_S) or one_line(e)}") \
                 from None

@@ -64,6 +64,9 @@ SIZES: dict[str, ModelShape] = {
     # ~6.7M parameters: for CPU runs that should visibly learn.
     "small": ModelShape(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
                         intermediate_size=1024),
+    # ~103M parameters (412 MB in float32): for weight-sync and memory benchmarks, too slow to train on CPU.
+    "base": ModelShape(hidden_size=768, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=4,
+                       intermediate_size=2048),
 }
 
 

@@ -388,9 +388,11 @@ async def push_weights(workers, engine, cfg: TrainConfig, step: int, *, during_r
     timeout_s = cfg.trainer.weight_sync_timeout_s
     if cfg.engine.backend == "sglang" and cfg.engine.weight_sync == "broadcast":
         sync = broadcast_weights(workers, engine, step=step, token_file=cfg.engine.token_file,
-                                 bucket_mb=cfg.engine.weight_bucket_mb, timeout_s=timeout_s, on_running=on_running)
+                                 bucket_mb=cfg.engine.weight_bucket_mb, flatten=cfg.engine.weight_flatten_buckets,
+                                 timeout_s=timeout_s, on_running=on_running)
     else:
-        weights = await asyncio.to_thread(engine_weights, workers, cfg)
+        # shared-memory views when rank 0 runs on this host (the local engine loads them, the disk sync writes them)
+        weights = await asyncio.to_thread(workers.engine_state_dict)
         sync = sync_weights(weights, engine, backend=cfg.engine.backend, model_path=cfg.model.path,
                             run_dir=cfg.trainer.run_dir, step=step, on_running=on_running)
     try:
@@ -415,11 +417,6 @@ async def foreign_weight_labels(engine, cfg: TrainConfig) -> list[str]:
     if cfg.engine.backend != "sglang":
         return []
     return sorted({label for label in await engine.weight_labels() if label != "default"})
-
-
-def engine_weights(workers, cfg: TrainConfig) -> dict[str, torch.Tensor]:
-    """The policy's unsharded weights for `sync_weights`: shared-memory views for an engine in this process."""
-    return workers.engine_state_dict() if cfg.engine.backend == "local" else workers.full_state_dict()
 
 
 def serving_version(engine) -> int | None:

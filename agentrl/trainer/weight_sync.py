@@ -222,7 +222,7 @@ async def sync_weights(state_dict: dict[str, torch.Tensor], engine, *, backend: 
 
 
 async def broadcast_weights(workers, engine, *, step: int, token_file: str | None, bucket_mb: float,
-                            timeout_s: float, on_running: str | None = None) -> dict[str, float]:
+                            timeout_s: float, flatten: bool = False, on_running: str | None = None) -> dict[str, float]:
     """Send the policy's weights from the trainer's rank 0 straight to every SGLang-protocol server of `engine`
     (an `SGLangEngine`) over a process group, as weight version `step` (`WorkerGroup.broadcast_weights`); no disk.
     `on_running` as in `sync_weights`."""
@@ -233,7 +233,7 @@ async def broadcast_weights(workers, engine, *, step: int, token_file: str | Non
         abort = on_running == "abort"
         async with engine.weight_update(version=step, abort_in_flight=abort) as label:
             target = {"urls": list(engine.urls), "token_file": token_file, "bucket_mb": bucket_mb,
-                      "timeout_s": timeout_s, "weight_version": label, "abort_all_requests": abort}
+                      "flatten": flatten, "timeout_s": timeout_s, "weight_version": label, "abort_all_requests": abort}
             metrics = await asyncio.to_thread(workers.broadcast_weights, target)
     finally:
         if on_running == "continue":

@@ -61,21 +61,21 @@ class PolicyWorker(FSDPWorker):
     def broadcast_weights(self, target: dict) -> dict[str, float] | None:
         """Send the policy's weights to SGLang-protocol servers over a process group of rank 0 and the servers
         (`agentrl.inference.weight_broadcast`); collective like `full_state_dict`: every rank gathers, rank 0 sends
-        and returns the metrics. `target`: urls, token_file, bucket_mb, timeout_s (the servers and the transfer)
-        and weight_version, abort_all_requests (this update). The group stays open for the next update."""
+        and returns the metrics. `target`: urls, token_file, bucket_mb, flatten, timeout_s (the servers and the
+        transfer) and weight_version, abort_all_requests (this update). The group stays open for the next update."""
         from agentrl.inference.weight_broadcast import WeightBroadcaster
         from agentrl.trainer.weight_sync import hf_tensors
 
         state_dict = self._gather_state_dict()
         if self.rank != 0:
             return None
-        where = {key: target[key] for key in ("urls", "token_file", "bucket_mb", "timeout_s")}
+        where = {key: target[key] for key in ("urls", "token_file", "bucket_mb", "flatten", "timeout_s")}
         if getattr(self, "_broadcast_target", None) != where:  # first update, or the servers changed
             self.close_broadcast()
             self._broadcaster = WeightBroadcaster(
                 target["urls"], master_address=self._broadcast_address(), token_file=target["token_file"],
                 backend="nccl" if self.device.type == "cuda" else "gloo", bucket_bytes=int(target["bucket_mb"] * 2**20),
-                timeout_s=target["timeout_s"], device=self.device)
+                timeout_s=target["timeout_s"], device=self.device, flatten=target["flatten"])
             self._broadcast_target = where
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         return self._broadcaster.send(hf_tensors(state_dict, tie_word_embeddings=tied),

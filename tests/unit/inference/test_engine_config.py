@@ -36,3 +36,11 @@ async def test_make_engine_builds_each_backend(tiny_model_dir):
     assert isinstance(remote, SGLangEngine) and isinstance(remote, Engine)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         LocalEngine.from_pretrained(tiny_model_dir, EngineConfig(max_model_len=10**6))
+
+
+def test_weight_sync_is_for_sglang_servers_and_defaults_to_disk():
+    assert EngineConfig(backend="sglang", urls=["http://127.0.0.1:30000"]).weight_sync == "disk"
+    assert EngineConfig(backend="sglang", urls=["http://127.0.0.1:30000"], weight_sync="broadcast").weight_sync == \
+        "broadcast"
+    with pytest.raises(ValueError, match="engine.weight_sync='broadcast' is for backend 'sglang'"):
+        EngineConfig(weight_sync="broadcast")
