@@ -13,7 +13,8 @@ episode really samples its calls token by token and runs `--turns` turns (the la
 The same episodes run with the 0 ms service and the 100 ms service in one process, alternating `--repeats`
 times; the latency-hiding ratio is best(100 ms wall) / best(0 ms wall). The engine decodes at most
 `--engine-batch` rows at once while `--concurrency` episodes are in flight, the regime of a saturated engine:
-while some episodes wait for the tool, others decode. Target: ratio <= 1.3.
+while some episodes wait for the tool, others decode. Target: ratio <= 1.3. `--replicas 2`: the same through two
+single-thread engine replicas (`engine.replicas`), each a Ray actor.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-batch", type=int, default=16, help="LocalEngine decode rows (max_batch_size)")
     parser.add_argument("--repeats", type=int, default=2, help="alternating 0 ms / slow runs; best of each")
     parser.add_argument("--train-steps", type=int, default=120, help="fine-tuning steps that teach the tool call")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="engine replicas (engine.replicas): above 1, that many single-thread LocalEngines, each "
+                             "a Ray actor, serve the episodes")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 avoids OpenMP spin-wait slowdowns on a shared machine)")
 
@@ -153,7 +157,14 @@ def run(args: argparse.Namespace) -> int:
                                     steps=args.train_steps)
             print(f"taught the tiny model the wait call: {args.train_steps} steps, {time.perf_counter() - t0:.1f}s, "
                   f"final loss {loss:.4f}")
-            engine = LocalEngine(model, tokenizer, EngineConfig(max_batch_size=args.engine_batch))
+            if args.replicas > 1:  # the taught model, saved for the replicas to load
+                from agentrl.inference.replica_actor import start_replicas
+
+                model.save_pretrained(model_dir)
+                engine = start_replicas(model_dir, EngineConfig(max_batch_size=args.engine_batch, num_threads=1,
+                                                                replicas=args.replicas))
+            else:
+                engine = LocalEngine(model, tokenizer, EngineConfig(max_batch_size=args.engine_batch))
 
             async def main() -> dict[str, list]:
                 walls: dict[str, list] = {"0ms": [], "slow": []}
@@ -171,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
 def _report(walls: dict[str, list], args: argparse.Namespace) -> int:
     expected_calls = args.episodes * (args.turns - 1)
     ok = True
-    print(f"{args.episodes} episodes x {args.turns} turns, {args.concurrency} in flight, engine batch "
+    replicas = f"{args.replicas} engine replicas (Ray actors, 1 thread each), " if args.replicas > 1 else ""
+    print(f"{args.episodes} episodes x {args.turns} turns, {args.concurrency} in flight, {replicas}engine batch "
           f"{args.engine_batch}, greedy decoding; HTTP tool service on loopback")
     best = {}
     for key, runs in walls.items():
