@@ -19,6 +19,8 @@ class Task:
     `prompt` is a list of OpenAI-format messages. `tools` names the tools the agent may call (None: every tool
     of the registry). `reward` is the reward spec, e.g. {"type": "answer_match", "ground_truth": "42"}.
     `tools_kwargs` carries per-task arguments for stateful tools (e.g. a knowledge-base id).
+    `env`: {"name": ..., "kwargs": {...}} when an environment (`agentrl.envs`), not tools, answers the model's
+    turns; None for a tool task.
     """
 
     prompt: list[dict]
@@ -28,6 +30,7 @@ class Task:
     tools_kwargs: dict = field(default_factory=dict)
     task_id: str = ""
     extra: dict = field(default_factory=dict)
+    env: dict | None = None
 
 
 @dataclass
@@ -117,6 +120,10 @@ class Episode:
     episode_id: str = ""
     turns: list[dict] = field(default_factory=list)
     replay: dict = field(default_factory=dict)
+    # Rewards an environment gave along the way (`agentrl.envs`): turn_rewards[i] came after model turn i (its
+    # tokens have turn_ids == i). `reward` is the whole return: the outcome score plus their sum; the trainer puts
+    # each on its turn's last policy token and the rest of `reward` on the episode's last one.
+    turn_rewards: list[float] = field(default_factory=list)
 
     def check(self) -> None:
         """Raise ValueError if the token-aligned lists disagree in length or mask values are not 0/1."""
