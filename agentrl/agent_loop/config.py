@@ -12,10 +12,11 @@ from pydantic import Field, field_validator, model_validator
 
 from agentrl.agent_loop.parsers import PARSERS
 from agentrl.config import ConfigError, ConfigModel, import_object
+from agentrl.envs.base import check_env_names
 
 
 class AgentLoopConfig(ConfigModel):
-    """One episode of the multi-turn tool agent (`ToolAgentLoop`).
+    """One episode of the multi-turn agent (`ToolAgentLoop`, `agentrl.envs.loop.EnvAgentLoop`).
 
     Budgets count tokens. `max_response_tokens` covers everything after the prompt: sampled tokens, tool
     observations and template glue. The context window is `max_model_len` (None: the engine's `max_model_len`).
@@ -33,6 +34,15 @@ class AgentLoopConfig(ConfigModel):
     episode_timeout_s: float | None = Field(600.0, gt=0)  # wall clock per episode; None: no limit
     timeout_is_infra_error: bool = True  # a timed-out episode is left out of training (not rewarded 0)
     max_model_len: int | None = Field(None, ge=2)  # context window; None: the engine's (`engine.max_model_len`)
+    # environments tasks may name in their `env` (besides the built-in ones): name -> "package.module:Class",
+    # imported and checked against agentrl.envs.base.Env here, at config load
+    envs: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("envs")
+    @classmethod
+    def _env_classes(cls, envs: dict[str, str]) -> dict[str, str]:
+        check_env_names(envs)
+        return envs
 
     @field_validator("tool_parser")
     @classmethod

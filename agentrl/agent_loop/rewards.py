@@ -298,11 +298,17 @@ async def stdin_stdout(task: Task, episode: Episode, config: RewardConfig) -> fl
     return _record(episode, report, reused)
 
 
+def env_only(task: Task, episode: Episode, config: RewardConfig) -> float:
+    """Reward type "env" (the default of a task row with `env`): no outcome score; the environment's per-turn
+    rewards (`Episode.turn_rewards`, added by the rollout to every episode's reward) are the whole return."""
+    return 0.0
+
+
 REWARDS: dict[str, Callable] = {"exact_match": exact_match, "numeric": numeric, "unit_tests": unit_tests,
-                                 "stdin_stdout": stdin_stdout}
+                                 "stdin_stdout": stdin_stdout, "env": env_only}
 SANDBOX_REWARDS = frozenset({"unit_tests", "stdin_stdout"})  # reward types that run code in the sandbox
 _REQUIRED_FIELDS = {"exact_match": ("ground_truth",), "numeric": ("ground_truth",), "unit_tests": ("tests",),
-                    "stdin_stdout": ("cases",)}
+                    "stdin_stdout": ("cases",), "env": ()}
 
 
 def resolve_reward_fn(spec: dict, config: RewardConfig, where: str = "task") -> Callable:

@@ -5,10 +5,14 @@ number of engines behind the `Engine` (an SGLang client spreads requests over it
 its turns and then its reward inside its slot. The per-episode wall-clock limit is `agent.episode_timeout_s`
 (`ToolAgentLoop` ends the episode with finish_reason "timeout" and keeps what it had).
 
-Rewards: infra-failed episodes (engine or tool fault, timeout) are not scored (reward 0.0, `infra_error` True);
-the others are scored by `rewards.score_episode`: a sandbox fault marks the episode infra_error, and a reward
-function that raises stops `generate` with a `RewardError` (the other episodes are cancelled) unless
-`reward.on_error` is "zero" or "drop".
+Tasks with an `env` run in `agentrl.envs.loop.EnvAgentLoop`, the others in `ToolAgentLoop`; both share the
+budgets, timeouts and token bookkeeping of `agentrl.agent_loop.turns`.
+
+Rewards: infra-failed episodes (engine, tool or environment fault, timeout) are not scored (reward 0.0,
+`infra_error` True); the others are scored by `rewards.score_episode`: a sandbox fault marks the episode
+infra_error, and a reward function that raises stops `generate` with a `RewardError` (the other episodes are
+cancelled) unless `reward.on_error` is "zero" or "drop". An environment's per-turn rewards
+(`Episode.turn_rewards`) are added to the score: `Episode.reward` is the whole return.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConf
 from agentrl.agent_loop.rewards import RewardError, check_reward_specs, reward_failed, score_episode
 from agentrl.agent_loop.tool_agent import ToolAgentLoop
 from agentrl.auth import ServiceAuthError
+from agentrl.envs.base import check_task_env
+from agentrl.envs.loop import EnvAgentLoop
 from agentrl.tools.errors import UnknownToolError
 from agentrl.types import FINISH_REASONS_EPISODE, Episode, SamplingParams, Task
 
@@ -35,6 +41,7 @@ class RolloutManager:
     def __init__(self, engine, tokenizer, tools, agent_config: AgentLoopConfig, rollout_config: RolloutConfig,
                  reward_config: RewardConfig, run_dir: str | Path | None = None):
         self.agent = ToolAgentLoop(engine, tokenizer, tools, agent_config)
+        self.env_agent = EnvAgentLoop(engine, tokenizer, agent_config)
         self.tools = tools
         self.rollout_config = rollout_config
         self.reward_config = reward_config
@@ -56,6 +63,7 @@ class RolloutManager:
         if self.tools is not None:
             await self.tools.start()  # discovers remote tool schemas (idempotent)
         self._check_tool_names(tasks)
+        self._check_envs(tasks)
         call = self._calls_in_step.get(step, 0)
         self._calls_in_step = {step: call + 1}
         slots = asyncio.Semaphore(self.rollout_config.max_concurrent_episodes)
@@ -80,6 +88,7 @@ class RolloutManager:
         if self.tools is not None:
             await self.tools.start()
         self._check_tool_names([task])
+        self._check_envs([task])
         return await self._run_episodes([(task, uid, k) for k in range(self.rollout_config.n)], slots, None)
 
     async def _run_episodes(self, jobs: list[tuple[Task, str, int]], slots: asyncio.Semaphore,
@@ -108,12 +117,21 @@ class RolloutManager:
         seed = None if cfg.seed is None else zlib.crc32(f"{cfg.seed}/{uid}/{sample}".encode())
         sampling = SamplingParams(max_new_tokens=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                   seed=seed)
-        episode = await self.agent.run(task, sampling=sampling, uid=uid, session_id=f"{uid}-{sample}")
+        agent = self.agent if task.env is None else self.env_agent
+        episode = await agent.run(task, sampling=sampling, uid=uid, session_id=f"{uid}-{sample}")
         episode.metrics["sample_index"] = sample
         if episode.infra_error:
             return episode
         await score_episode(task, episode, self.reward_config)
+        if episode.turn_rewards and not episode.infra_error:
+            episode.reward += sum(episode.turn_rewards)
         return episode
+
+    def _check_envs(self, tasks: list[Task]) -> None:
+        """Every task's environment is registered and takes its kwargs (UnknownEnvError, one line)."""
+        for i, task in enumerate(tasks):
+            if task.env is not None:
+                check_task_env(task, self.agent.config.envs, f"task {i} ({task.task_id or 'no task_id'})")
 
     def _check_tool_names(self, tasks: list[Task]) -> None:
         if self.tools is None:

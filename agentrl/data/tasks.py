@@ -2,7 +2,11 @@
 
 Project row:
     {"prompt": [messages], "tools": [names] | null, "reward": {"type": ..., "ground_truth": ..., ...},
-     "data_source": str, "tools_kwargs": {tool: {...}}, "task_id": str, "extra": {...}}
+     "data_source": str, "tools_kwargs": {tool: {...}}, "task_id": str, "extra": {...},
+     "env": {"name": str, "kwargs": {...}}}
+    A row with `env` is played against that environment (`agentrl.envs`) instead of tools: its `prompt` may be
+    left out (the environment's reset() writes the prompt) and so may its `reward` (default {"type": "env"}:
+    the environment's per-turn rewards are the whole return).
 verl-style row (as written by verl's data preprocessing):
     {"prompt": [messages], "data_source": str, "reward_model": {"style": "rule", "ground_truth": ...},
      "extra_info": {"index": ..., "tools_kwargs": {...}, ...}, "agent_name": "tool_agent", "ability": ...}
@@ -28,7 +32,8 @@ from agentrl.errors import UserError, one_line
 from agentrl.types import Task
 
 _ROLES = ("system", "user", "assistant", "tool")
-_PROJECT_FIELDS = {"prompt", "tools", "reward", "data_source", "tools_kwargs", "task_id", "extra"}
+_PROJECT_FIELDS = {"prompt", "tools", "reward", "data_source", "tools_kwargs", "task_id", "extra", "env"}
+_ENV_FIELDS = {"name", "kwargs"}
 
 
 class TaskFormatError(UserError, ValueError):
@@ -108,6 +113,9 @@ def task_from_row(row: Any, *, where: str = "row", verl_reward_type: str = "verl
     if unknown:
         raise TaskFormatError(f"{where}: unknown field(s) {unknown}; a task row has {sorted(_PROJECT_FIELDS)} "
                               "(or is a verl row with 'reward_model')")
+    env = _env_field(row, where)
+    if env is not None:
+        row = {"reward": {"type": "env"}, "prompt": [], **row}
     if "reward" not in row:
         raise TaskFormatError(f"{where}: missing field 'reward' (e.g. {{\"type\": \"exact_match\", "
                               "\"ground_truth\": \"Paris\"}})")
@@ -117,14 +125,34 @@ def task_from_row(row: Any, *, where: str = "row", verl_reward_type: str = "verl
     # parquet rows carry every tool any row has kwargs for (None for the others)
     tools_kwargs = {name: kw for name, kw in _dict_field(row, "tools_kwargs", where).items() if kw is not None}
     return Task(
-        prompt=_messages(row, where),
+        prompt=_messages(row, where, allow_empty=env is not None),
         reward=reward,
         tools=_tools_field(row, where),
         data_source=_str_field(row, "data_source", where, default="unknown"),
         tools_kwargs=tools_kwargs,
         task_id=_str_field(row, "task_id", where, default=""),
         extra=_dict_field(row, "extra", where),
+        env=env,
     )
+
+
+def _env_field(row: dict, where: str) -> dict | None:
+    """The row's {"name", "kwargs"} environment (kwargs default {}), or None."""
+    env = row.get("env")
+    if env is None:
+        return None
+    if not isinstance(env, dict) or not isinstance(env.get("name"), str) or not env["name"]:
+        raise TaskFormatError(f"{where}: field 'env' must be an object with a 'name' string, e.g. "
+                              f"{{\"name\": \"guess_number\", \"kwargs\": {{\"secret\": 3}}}}, got {env!r:.200}")
+    unknown = sorted(set(env) - _ENV_FIELDS)
+    if unknown:
+        raise TaskFormatError(f"{where}: unknown field(s) {unknown} in 'env'; it has 'name' and 'kwargs'")
+    kwargs = env.get("kwargs")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise TaskFormatError(f"{where}: field 'env.kwargs' must be an object, got {kwargs!r:.200}")
+    return {"name": env["name"], "kwargs": kwargs}
 
 
 def _verl_row(row: dict, where: str, reward_type: str) -> Task:
@@ -180,7 +208,9 @@ def _create_kwargs(kw: Any) -> Any:
     return kw
 
 
-def _messages(row: dict, where: str) -> list[dict]:
+def _messages(row: dict, where: str, *, allow_empty: bool = False) -> list[dict]:
+    if allow_empty and row["prompt"] in ([], None):
+        return []
     if "prompt" not in row:
         raise TaskFormatError(f"{where}: missing field 'prompt' (a list of messages like "
                               "[{\"role\": \"user\", \"content\": \"...\"}])")
