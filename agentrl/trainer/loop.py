@@ -9,8 +9,8 @@
         [drop groups whose reward raised]                          (reward.on_error: drop)
         stop if too many episodes infra-failed                     (trainer.max_infra_failed_fraction, ...)
         [drop zero-variance groups, refill from new tasks]         (algorithm.filter_zero_variance_groups)
-        scores = rewards [+ overlong penalty]                      (reward.overlong_buffer, DAPO)
-        batch = episodes_to_batch(...)
+        scores = rewards - per-turn rewards [+ overlong penalty]   (reward.overlong_buffer, DAPO)
+        batch = episodes_to_batch(..., per-turn rewards)           (an environment's, on each turn's last token)
         old_logprobs = policy(batch)                               (training weights, rollout T; bypass_mode:
                                                                     the rollout logprobs, no recompute; one
                                                                     epoch: from the update's forward, below)
@@ -70,6 +70,7 @@ from agentrl.trainer.algos import (
     rollout_is_weights,
     rollout_rejection_mask,
     token_level_rewards,
+    turn_level_rewards,
 )
 from agentrl.trainer.batch import episodes_to_batch
 from agentrl.trainer.buffer import GroupBuffer
@@ -311,7 +312,7 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
 
     with timed("timing/batch_s", timing):
         scores_B, score_stats = episode_scores(episodes, cfg)
-        batch = episodes_to_batch(episodes, pad_token_id)
+        batch = episodes_to_batch(episodes, pad_token_id, token_rewards=episode_turn_rewards(episodes))
     metrics.update(score_stats)
     reuse_old = reuses_old_logprobs(cfg)  # then pi_old comes from the update's own forward, below
     if alg.rollout_correction.bypass_mode:  # pi_old is the rollout policy
@@ -453,9 +454,10 @@ def needs_reference(cfg: TrainConfig) -> bool:
 
 
 def episode_scores(episodes: list[Episode], cfg: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """[B] outcome scores: each episode's reward, plus DAPO's overlong penalty when `reward.overlong_buffer` is on
-    (L = the episode's response tokens, budget `agent.max_response_tokens`)."""
-    scores_B = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
+    """[B] outcome scores: each episode's reward less the per-turn rewards it holds (those go on their turns'
+    tokens, `episode_turn_rewards`), plus DAPO's overlong penalty when `reward.overlong_buffer` is on (L = the
+    episode's response tokens, budget `agent.max_response_tokens`)."""
+    scores_B = torch.tensor([ep.reward - sum(ep.turn_rewards) for ep in episodes], dtype=torch.float32)
     buffer = cfg.reward.overlong_buffer
     if not buffer.enable:
         return scores_B, {}
@@ -463,6 +465,15 @@ def episode_scores(episodes: list[Episode], cfg: TrainConfig) -> tuple[torch.Ten
                                  buffer.len, buffer.penalty_factor)
     return scores_B + penalty_B, {"reward/overlong_penalty_mean": float(penalty_B.mean()),
                                   "reward/overlong_frac": float((penalty_B < 0).float().mean())}
+
+
+def episode_turn_rewards(episodes: list[Episode]) -> list[list[float]] | None:
+    """Per episode, one reward per response token: its environment's per-turn rewards on each turn's last policy
+    token (`turn_level_rewards`); None when no episode has any."""
+    if not any(ep.turn_rewards for ep in episodes):
+        return None
+    return [turn_level_rewards(ep.turn_rewards, ep.turn_ids, ep.response_mask) if ep.turn_rewards
+            else [0.0] * len(ep.response_ids) for ep in episodes]
 
 
 def step_token_rewards(scores_B: torch.Tensor, batch: TensorDict) -> torch.Tensor:
@@ -777,6 +788,7 @@ __all__ = [
     "foreign_weight_labels",
     "group_by_uid",
     "episode_scores",
+    "episode_turn_rewards",
     "has_signal",
     "mask_truncated",
     "needs_reference",

@@ -30,7 +30,10 @@ class AdvantageInputs:
     """What an estimator may read. Shapes: B trajectories, T response tokens (padded).
 
     token_rewards_B_T: [B, T] rewards on policy tokens (the outcome score on the last one, see
-    `token_level_rewards`, minus the reward-side KL when it is on). mask_B_T: [B, T] 1 on policy tokens.
+    `token_level_rewards`, plus an environment's per-turn rewards on each turn's last one, see
+    `turn_level_rewards`, minus the reward-side KL when it is on). GAE and REINFORCE++ read them token by token;
+    the group estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) read `scores_B`, their sum per trajectory.
+    mask_B_T: [B, T] 1 on policy tokens.
     group_ids: B ids, one per trajectory (the n samples of a prompt share one). values_B_T: [B, T] critic values
     before the update (GAE only). gamma, lam: discount and GAE lambda. norm_adv_by_std_in_grpo: False gives
     Dr.GRPO.
@@ -71,6 +74,29 @@ def token_level_rewards(scores_B: Tensor, mask_B_T: Tensor) -> Tensor:
     out = torch.zeros(mask_B_T.shape, dtype=scores.dtype, device=scores.device)
     rows = torch.nonzero(last_T >= 0).flatten()
     out[rows, last_T[rows]] = scores[rows]
+    return out
+
+
+def turn_level_rewards(turn_rewards: Sequence[float], turn_ids_T: Sequence[int],
+                       mask_T: Sequence[int]) -> list[float]:
+    """One episode's per-turn rewards -> one reward per response token [T]: turn i's reward on the last policy
+    token (mask 1) whose turn id is i, 0 everywhere else (`Episode.turn_rewards`, `Episode.turn_ids`).
+
+    The outcome part of the episode's reward goes on its last policy token separately (`token_level_rewards`), so
+    for an episode whose last turn has a reward both land on that token and add up. Raises ValueError for a
+    rewarded turn without a policy token, or lists of different lengths."""
+    if len(turn_ids_T) != len(mask_T):
+        raise ValueError(f"turn_level_rewards wants turn ids and mask of one length, got {len(turn_ids_T)} and "
+                         f"{len(mask_T)}")
+    last: dict[int, int] = {}
+    for t, (turn, m) in enumerate(zip(turn_ids_T, mask_T)):
+        if m:
+            last[turn] = t
+    out = [0.0] * len(mask_T)
+    for turn, reward in enumerate(turn_rewards):
+        if turn not in last:
+            raise ValueError(f"turn {turn} has a reward ({reward}) but no policy token")
+        out[last[turn]] += float(reward)
     return out
 
 
@@ -246,4 +272,5 @@ __all__ = [
     "resolve_adv_estimator",
     "rloo_advantages",
     "token_level_rewards",
+    "turn_level_rewards",
 ]
