@@ -225,6 +225,25 @@ def check_task_tools(files: list[TaskRows], served: set[str]) -> list[str]:
     return problems
 
 
+def check_task_envs(files: list[TaskRows], agent_cfg) -> list[str]:
+    """Every environment a task names is registered (built-in or `agent.envs`) and takes the row's kwargs; one
+    line per file and problem."""
+    from agentrl.envs.base import check_task_env
+
+    problems = []
+    for f in files:
+        lines = []
+        for number, task in f.rows:
+            if task.env is None:
+                continue
+            try:
+                check_task_env(task, agent_cfg.envs, f"{f.path}:row {number}")
+            except UserError as e:
+                lines.append(str(e) if str(e).startswith(str(f.path)) else f"{f.path}:row {number}: {e}")
+        problems += _capped(list(dict.fromkeys(lines)), f.path, "environment problems")
+    return problems
+
+
 def check_loggers(loggers: list[str]) -> list[str]:
     """Each requested logger's package is installed (found, not imported: importing wandb is slow)."""
     return [f"trainer.loggers has {name!r} but the {LOGGER_PACKAGES[name]} package is not installed: "
@@ -258,6 +277,7 @@ def check_train(cfg) -> None:
     problems += tool_problems
     if served is not None:
         problems += check_task_tools(train + val, served)
+    problems += check_task_envs(train + val, cfg.agent)
     problems += check_loggers(cfg.trainer.loggers) + check_resume(cfg.trainer.resume, cfg.trainer.run_dir)
     raise_problems(problems)
 

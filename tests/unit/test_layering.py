@@ -26,7 +26,9 @@ LAYERS = [
               "agentrl.files", "agentrl.retry", "agentrl.services", "agentrl.stats", "agentrl.auth"]),
     ("sandbox", ["sandbox"]),
     ("components", ["agentrl.tools", "agentrl.inference", "agentrl.models"]),
-    ("agent_loop", ["agentrl.agent_loop"]),
+    # Environments (agentrl/envs) are the tool agent's peers: their loop shares its turn bookkeeping, and the
+    # rollout and the agent config use their registry.
+    ("agent_loop", ["agentrl.agent_loop", "agentrl.envs"]),
     # Above the agent loop: demonstrations are rendered with its chat template and graded by its code tests.
     ("data", ["agentrl.data"]),
     ("evaluation", ["agentrl.evaluation"]),

@@ -18,6 +18,7 @@ from agentrl.preflight import (
     check_model_dir,
     check_output_path,
     check_rewards,
+    check_task_envs,
     check_task_tools,
     check_train,
     read_task_files,
@@ -117,6 +118,19 @@ def test_builtin_tools_are_served_and_unserved_task_tools_are_grouped_per_file(t
     assert problems[0].startswith(f"{path}: rows 2, 3 use tool(s) lookup, which the configured tools do not serve "
                                   "(they serve: calculator)")
     assert problems[1].startswith(f"{path}: row 4 use tool(s) python")
+
+
+def test_task_environments_are_registered_and_take_the_rows_kwargs(tmp_path):
+    game = {"name": "guess_number", "kwargs": {"secret": 3}}
+    path = _jsonl(tmp_path / "t.jsonl", [{"env": game}, {"env": {"name": "chess"}}, {"env": {"name": "chess"}},
+                                         {"env": {"name": "guess_number", "kwargs": {"secret": 3, "colour": 1}}}])
+    files, problems = read_task_files([path], "data.train_files")
+    assert problems == []
+    problems = check_task_envs(files, load_config(TrainConfig).agent)
+    assert len(problems) == 3 and all("\n" not in p for p in problems)
+    assert problems[0].startswith(f"{path}:row 2: environment 'chess' is not registered") and \
+        "add agent.envs.chess: package.module:Class" in problems[0]
+    assert problems[2].startswith(f"{path}:row 4: env 'guess_number' does not accept kwargs ['colour', 'secret']")
 
 
 def test_every_dead_tool_service_is_named(tmp_path):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -133,3 +134,17 @@ def test_suite_rows_load(tmp_path):
     paths = write_suite("calc", "train", 3, tmp_path / "calc.jsonl", seed=0)
     tasks = load_tasks(paths[0])
     assert len(tasks) == 3 and all(t.reward["type"] for t in tasks) and all(t.task_id for t in tasks)
+
+
+def test_env_rows_need_no_prompt_nor_reward_and_malformed_env_fields_are_named(tmp_path):
+    game = {"name": "guess_number", "kwargs": {"secret": 3}}
+    write_jsonl(tmp_path / "t.jsonl", [{"env": game}, {"env": {"name": "guess_number"}, **ROW, "tools": None}])
+    bare, full = load_tasks(tmp_path / "t.jsonl")
+    assert (bare.env, bare.prompt, bare.reward) == (game, [], {"type": "env"})
+    assert full.env == {"name": "guess_number", "kwargs": {}} and full.reward["type"] == "numeric"
+    for env, message in [("x", "field 'env' must be an object with a 'name' string"),
+                         ({"name": "g", "args": {}}, "unknown field(s) ['args'] in 'env'"),
+                         ({"name": "g", "kwargs": [1]}, "field 'env.kwargs' must be an object")]:
+        write_jsonl(tmp_path / "bad.jsonl", [{"env": env}])
+        with pytest.raises(TaskFormatError, match=rf"bad.jsonl:row 1: {re.escape(message)}"):
+            load_tasks(tmp_path / "bad.jsonl")
