@@ -1,4 +1,5 @@
-"""Procedural task suites (calc, lookup, code) with train and held-out splits, and their scripted solvers.
+"""Procedural task suites (calc, lookup, code; guess, a game played against an environment) with train and
+held-out splits, and their scripted solvers.
 
     from agentrl.data.suites import make_suite, write_suite
     tasks, kb_rows = make_suite("lookup", "heldout", n=200, seed=0, kb_path="data/lookup-heldout.kb.jsonl")
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrl.data.suites import calc, code, lookup
-from agentrl.data.suites.common import SPLITS, SuiteError, check_split, write_jsonl
+from agentrl.data.suites import calc, code, guess, lookup
+from agentrl.data.suites.common import SPLITS, SuiteError, check_hard, check_split, write_jsonl
 
-SUITES = ("calc", "lookup", "code")
-SUITE_TOOLS = {"calc": calc.TOOLS, "lookup": lookup.TOOLS, "code": code.TOOLS}
+SUITES = ("calc", "lookup", "code", "guess")
+SUITE_TOOLS = {"calc": calc.TOOLS, "lookup": lookup.TOOLS, "code": code.TOOLS, "guess": guess.TOOLS}
 HARD_MIX_SUITES = ("calc", "lookup", "code")  # suites whose train split has a hard mix (make_suite(..., hard=True))
 
 
@@ -46,6 +47,11 @@ def make_suite(suite: str, split: str, n: int, seed: int = 0, *, kb_path: str | 
         return calc.make_tasks(split, n, seed, hard=hard, op_weights=calc_op_weights), None
     if suite == "code":
         return code.make_tasks(split, n, seed, hard=hard), None
+    if suite == "guess":
+        if hard:
+            check_hard(suite, split)
+            raise SuiteError("guess has no hard mix; drop --hard")
+        return guess.make_tasks(split, n, seed), None
     if kb_path is None:
         raise ValueError("the lookup suite needs kb_path: the file its tasks' lookup tool will read")
     tasks, kb = lookup.make_tasks(split, n, seed, kb_path=str(kb_path), hard=hard)

@@ -14,6 +14,8 @@ and a `tool` message with the tool's real output, then a final assistant message
           Which relation to follow is then a token the model writes (and GRPO can reinforce) instead of a choice
           hidden in the first token of a copied value; a 2-layer model confused the two facts of a record
           without it (docs/log.md, 2026-12-03, 45b746b).
+- guess:  no tools: binary search played against the real `guess_number` environment, one
+          `<answer>{midpoint}</answer>` per turn, each followed by the environment's answer, until it says solved.
 - code:   python(code = solution + a print of the prompt's example) once; answer the solution in a ```python
           block. With `sandbox_url` the call goes to the real python tool (a sandbox interpreter session) and the
           final code is then graded by the task's own unit tests in the sandbox (`run_unit_tests`, the harness the
@@ -195,7 +197,25 @@ async def solve_code(task: dict, tools, *, sandbox_url: str | None = None, test_
     return [*task["prompt"], _call_message("python", {"code": probe}), _tool_message("python", output), answer]
 
 
-SOLVERS = {"calc": solve_calc, "lookup": solve_lookup}  # tools only; code also takes the sandbox (see `solve`)
+async def solve_guess(task: dict, tools) -> list[dict]:
+    from agentrl.data.suites.guess import binary_search
+    from agentrl.envs.guess_number import GuessNumberEnv
+
+    env = GuessNumberEnv(**task["env"]["kwargs"])
+    messages = await env.reset(Task(prompt=task["prompt"]))
+    low, high, secret = (task["extra"][k] for k in ("low", "high", "secret"))
+    for guess in binary_search(low, high, secret):
+        answer = _answer_message(f"<answer>{guess}</answer>")
+        result = await env.step(answer)
+        messages += [answer, *result.observation]
+        if result.done:
+            if result.reward != 1.0 or result.observation:
+                raise DemoError(f"guess task {task['task_id']}: binary search ran out of guesses at {guess}")
+            return messages
+    raise DemoError(f"guess task {task['task_id']}: the environment never said solved")
+
+
+SOLVERS = {"calc": solve_calc, "lookup": solve_lookup, "guess": solve_guess}  # code also takes the sandbox
 
 
 def suite_of(task: dict) -> str:

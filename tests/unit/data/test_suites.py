@@ -49,7 +49,7 @@ def test_rows_follow_the_task_format_and_heldout_never_appears_in_train(suite):
         for r in rows:
             assert [m["role"] for m in r["prompt"]] == ["system", "user"]
             assert r["data_source"] == f"{suite}/{split}"
-            assert r["tools"] == {"calc": ["calculator"], "lookup": ["lookup"], "code": ["python"]}[suite]
+            assert r["tools"] == {"calc": ["calculator"], "lookup": ["lookup"], "code": ["python"], "guess": []}[suite]
             assert r["task_id"].startswith(f"{suite}-{split}-")
             assert len(_user(r)) < 400, "prompts must stay short for a ~1-2k-token context"
     assert not {_user(r) for r in train} & {_user(r) for r in heldout}
@@ -416,3 +416,19 @@ def test_system_prompt_never_shows_the_answer_tags_literally(suite):
     system = next(m["content"] for m in task["prompt"] if m["role"] == "system")
     assert "<answer>" not in system and "</answer>" not in system
     assert "answer tags" in system
+
+
+def test_guess_games_hold_out_whole_ranges_and_binary_search_solves_every_one():
+    from agentrl.data.suites.demos import make_demos
+
+    train, heldout = _tasks("guess", "train", 300), _tasks("guess", "heldout", 100)
+    ranges = {split: {(t["extra"]["low"], t["extra"]["high"]) for t in rows}
+              for split, rows in (("train", train), ("heldout", heldout))}
+    assert not ranges["train"] & ranges["heldout"] and len(ranges["heldout"]) > 10
+    for t in train + heldout:
+        assert t["env"]["name"] == "guess_number" and t["env"]["kwargs"]["secret"] == t["extra"]["secret"]
+    rows = asyncio.run(make_demos(heldout))
+    for task, row in zip(heldout, rows):  # every game solved within its guesses, the last answer the secret
+        answers = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert answers[-1] == f"<answer>{task['extra']['secret']}</answer>"
+        assert len(answers) <= task["env"]["kwargs"]["max_guesses"] and row["tools"] == []
