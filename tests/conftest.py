@@ -26,3 +26,20 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     build_tiny_model(out, size="tiny", seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def guessing_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model with `helpers.guessing_weights`: its turns are short random numbers, so a guessing game's
+    episodes end turns, get stepped and differ in reward."""
+    import shutil
+
+    from helpers import guessing_weights
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("guessing-model") / "model"
+    shutil.copytree(tiny_model_dir, out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    model.load_state_dict(guessing_weights(model, AutoTokenizer.from_pretrained(out)))
+    model.save_pretrained(out)
+    return out

@@ -91,6 +91,40 @@ def forcing_weights(model, avoid: set[int]) -> tuple[dict, int]:
     return sd, forced
 
 
+def guessing_weights(model, tokenizer, *, p_end: float = 0.3, p_digits: float = 0.6) -> dict:
+    """New weights for a tiny Qwen2 `model` (tied embeddings) that samples every token from one fixed
+    distribution, whatever the context: <|im_end|> with probability ~p_end, a digit 0-9 with ~p_digits in all,
+    any other token the rest. A turn is then a short random number ("37"), so a guessing game gets guesses, some
+    right, and its episodes differ in reward. Same construction as `forcing_weights`: the last attention layer
+    adds 1000 * u to every position, so after the final norm h = norm_weight * u / rms(u) for every context."""
+    import math
+
+    import torch
+
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    last = f"model.layers.{model.config.num_hidden_layers - 1}.self_attn"
+    emb, norm = sd["model.embed_tokens.weight"], sd["model.norm.weight"]
+    u = torch.randn(emb.shape[1], generator=torch.Generator().manual_seed(2))
+    h = norm * u / u.pow(2).mean().sqrt()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    rest = torch.ones(emb.shape[0], dtype=torch.bool)
+    rest[[end, *digits]] = False
+    z_rest = float((emb[rest] @ h).exp().sum())  # the other tokens' share stays as the random weights give it
+    p_rest = 1.0 - p_end - p_digits
+    emb[end] = math.log(p_end / p_rest * z_rest) * h / h.dot(h)
+    for d in digits:
+        emb[d] = math.log(p_digits / 10 / p_rest * z_rest) * h / h.dot(h)
+    sd[f"{last}.v_proj.weight"].zero_()
+    sd[f"{last}.v_proj.bias"].zero_()
+    sd[f"{last}.v_proj.bias"][0] = 1.0
+    sd[f"{last}.o_proj.weight"].zero_()
+    sd[f"{last}.o_proj.weight"][:, 0] = 1000.0 * u
+    if "lm_head.weight" in sd:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    return sd
+
+
 @contextlib.contextmanager
 def two_node_ray(resource: str) -> Iterator:
     """A simulated two-node Ray cluster on this host (`ray.cluster_utils.Cluster`), each node with 1 CPU and one

@@ -52,7 +52,7 @@ def _demos(args: argparse.Namespace) -> int:
 def add_commands(subparsers) -> None:
     from agentrl.data.suites import SPLITS, SUITES
 
-    data = subparsers.add_parser("data", help="generate task suites (calc, lookup, code) and SFT demonstrations")
+    data = subparsers.add_parser("data", help="generate task suites (calc, lookup, code, guess) and SFT demonstrations")
     sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
 
     make = sub.add_parser("make", help="write N tasks of a suite split as JSONL (lookup also writes its KB)")

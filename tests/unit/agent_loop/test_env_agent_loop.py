@@ -136,3 +136,35 @@ def test_agent_envs_are_checked_at_config_load():
         AgentLoopConfig(envs={"guess_number": "tests_envs:ScriptedEnv"})
     with pytest.raises(ConfigError, match="cannot import module"):
         AgentLoopConfig(envs={"x": "no_such_module:Env"})
+
+
+async def test_guess_games_on_the_tiny_model_through_the_local_engine(guessing_model_dir):
+    from agentrl.data.suites import make_suite
+    from agentrl.data.tasks import task_from_row
+    from agentrl.inference.config import EngineConfig
+    from agentrl.inference.local import LocalEngine
+
+    engine = LocalEngine.from_pretrained(guessing_model_dir, EngineConfig(max_model_len=1024))
+    tokenizer = engine.tokenizer
+    tasks = [task_from_row(r) for r in make_suite("guess", "train", 4, seed=0)[0]]
+    config = AgentLoopConfig(max_new_tokens_per_turn=8, max_response_tokens=300, max_assistant_turns=5)
+    try:
+        manager = RolloutManager(engine, tokenizer, None, config, RolloutConfig(n=4, seed=1), RewardConfig())
+        episodes = await manager.generate(tasks)
+    finally:
+        await engine.close()
+    assert not any(e.infra_error for e in episodes)
+    done = [e for e in episodes if e.metrics["stop_detail"] == "env_done"]
+    assert done and {e.finish_reason for e in episodes} <= {"stop", "length", "max_turns"}
+    for e in episodes:
+        e.check()
+        assert e.reward == pytest.approx(sum(e.turn_rewards))
+        stepped = e.num_turns - (e.metrics["stop_detail"] == "turn_length")
+        assert len(e.turn_rewards) == stepped and all(r in (-0.1, 0.0, 1.0) for r in e.turn_rewards)
+        assert all(lp < 0 for lp, m in zip(e.response_logprobs, e.response_mask) if m)
+        assert all(lp == 0.0 and t == -1 for lp, m, t in zip(e.response_logprobs, e.response_mask, e.turn_ids)
+                   if not m)
+    for e in done:  # a finished game's ids are its transcript's rendering, observations and all
+        rendered = tokenizer.apply_chat_template(e.messages, tokenize=False)
+        assert tokenizer.decode(e.prompt_ids + e.response_ids, skip_special_tokens=False) + "\n" == rendered
+        assert e.messages[-1]["role"] == "assistant"
