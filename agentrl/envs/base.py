@@ -27,7 +27,7 @@ from agentrl.types import Task
 
 BUILTIN_ENVS: dict[str, str] = {
     "guess_number": "agentrl.envs.guess_number:GuessNumberEnv",
-    "skyrl_gym": "agentrl.envs.skyrl_gym:SkyRLGymEnv",
+    "skyrl_gym": "agentrl.envs.skyrl:SkyRLGymEnv",
 }
 OBSERVATION_ROLES = ("user", "tool", "system")  # what step() may write
 PROMPT_ROLES = ("system", "user", "assistant")  # what reset() may write

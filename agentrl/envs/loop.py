@@ -20,6 +20,7 @@ is logged and counted (`metrics["env_close_errors"]`), the episode stands.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -100,7 +101,7 @@ class EnvAgentLoop:
             if reward != reward or abs(reward) == float("inf"):
                 raise EnvError(f"step returned reward {reward} (must be finite)")
             state.turn_rewards.append(reward)
-            state.turns[-1]["env"] = {"reward": reward, "done": bool(result.done), "info": result.info}
+            state.turns[-1]["env"] = {"reward": reward, "done": bool(result.done), "info": _json_values(result.info)}
             if result.done:
                 state.finish("stop", "env_done")
                 return
@@ -139,6 +140,11 @@ class EnvAgentLoop:
         except Exception as e:  # noqa: BLE001 -- boundary: the episode is complete; a failed close only counts
             log.warning("environment close() raised %s: %s", type(e).__name__, e)
             state.count("env_close_errors")
+
+
+def _json_values(info: Any) -> Any:
+    """`info` as JSON values (what episodes.jsonl can hold): anything else becomes its str()."""
+    return json.loads(json.dumps(info, default=str))
 
 
 __all__ = ["EnvAgentLoop", "EnvError"]
