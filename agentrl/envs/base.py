@@ -28,6 +28,7 @@ from agentrl.types import Task
 BUILTIN_ENVS: dict[str, str] = {
     "guess_number": "agentrl.envs.guess_number:GuessNumberEnv",
     "skyrl_gym": "agentrl.envs.skyrl:SkyRLGymEnv",
+    "openenv": "agentrl.envs.openenv_client:OpenEnvEnv",
 }
 OBSERVATION_ROLES = ("user", "tool", "system")  # what step() may write
 PROMPT_ROLES = ("system", "user", "assistant")  # what reset() may write

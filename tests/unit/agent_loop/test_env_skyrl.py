@@ -1,5 +1,6 @@
 """The skyrl_gym adapter against the installed skyrl-gym package: its multi-turn GSM8k environment runs through
-EnvAgentLoop with its own per-turn rewards; without the package, one line says how to install it."""
+EnvAgentLoop with its own per-turn rewards; without the skyrl-gym or openenv-core package, one line says how to
+install it (the openenv adapter's server test is tests/integration/agent_loop/test_env_openenv.py)."""
 
 from __future__ import annotations
 
@@ -46,10 +47,14 @@ async def test_a_skyrl_env_that_raises_is_an_infra_fault(tiny_tokenizer):
     assert engine.calls == []
 
 
-def test_without_the_package_one_line_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "skyrl_gym", None)
-    monkeypatch.delitem(sys.modules, "agentrl.envs.skyrl", raising=False)
+@pytest.mark.parametrize("name, package, adapter", [("skyrl_gym", "skyrl_gym", "agentrl.envs.skyrl"),
+                                                    ("openenv", "openenv", "agentrl.envs.openenv_client")])
+def test_without_the_package_one_line_names_the_extra(monkeypatch, name, package, adapter):
+    monkeypatch.setitem(sys.modules, package, None)
+    for module in [m for m in sys.modules if m.startswith(f"{package}.")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.delitem(sys.modules, adapter, raising=False)
     with pytest.raises(ConfigError) as info:
-        env_class("skyrl_gym", {})
+        env_class(name, {})
     message = str(info.value)
-    assert "\n" not in message and "pip install -e '.[envs]'" in message and "skyrl_gym" in message
+    assert "\n" not in message and "pip install -e '.[envs]'" in message and f"the {name} environment" in message
