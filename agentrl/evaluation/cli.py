@@ -283,7 +283,7 @@ def add_commands(subparsers) -> None:
                    help="HF model directory, a training checkpoint (run_dir/checkpoints/step_N, exported once "
                         "into it), or a finished evaluation directory (with --compare)")
     p.add_argument("--suite", default=None,
-                   help="suite name(s) generated in code (calc, lookup, code; comma-separated) or a task file "
+                   help="suite name(s) generated in code (calc, lookup, code, guess; comma-separated) or a task file "
                         "(.jsonl/.parquet)")
     p.add_argument("--split", default="heldout", choices=("heldout", "train"), help="split of generated suites")
     p.add_argument("--num-tasks", type=_positive_int, default=200, help="tasks per generated suite")
