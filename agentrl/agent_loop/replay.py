@@ -129,6 +129,10 @@ def replay_inputs(row: dict) -> tuple[Task, SamplingParams, AgentLoopConfig, Rec
     if not rec or not row.get("turns"):
         raise ReplayError(f"episode {row.get('episode_id') or row.get('uid')} has no replay record (written by an "
                           "agentrl version before replay data was recorded)")
+    if rec.get("env") is not None:
+        raise ReplayError(f"episode {row.get('episode_id') or row.get('uid')} was played against environment "
+                          f"{rec['env']['name']!r}; agentrl replay re-runs tool episodes only (environments are not "
+                          "recorded call by call)")
     task = Task(prompt=row["messages"][: rec["prompt_messages"]], tools=rec["tools"],
                 tools_kwargs=rec["tools_kwargs"] or {}, task_id=row.get("task_id", ""),
                 data_source=row.get("data_source", "unknown"))

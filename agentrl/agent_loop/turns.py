@@ -119,7 +119,7 @@ class PolicyTurns:
 
     @staticmethod
     def seeded(sampling: SamplingParams | None) -> SamplingParams:
-        """`sampling` (default: greedy-free T=1) with a recorded seed: an unseeded episode still draws from a
+        """`sampling` (default: temperature 1) with a seed: an unseeded sampled episode still draws from a recorded
         seed, so `agentrl replay` can repeat it."""
         sampling = sampling or SamplingParams(max_new_tokens=1)
         if sampling.seed is None and sampling.temperature > 0:

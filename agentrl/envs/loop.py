@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import asdict
@@ -66,8 +67,7 @@ class EnvAgentLoop:
             nonlocal env, prompt_messages
             try:
                 env = await self._env_call(state, "constructor", self._make, task)
-                prompt = check_messages(await self._env_call(state, "reset", env.reset, task),
-                                        f"{task.env['name']}.reset", roles=PROMPT_ROLES, allow_empty=False)
+                prompt = _messages(await self._env_call(state, "reset", env.reset, task), "reset", PROMPT_ROLES)
                 state.messages, prompt_messages = [dict(m) for m in prompt], len(prompt)
                 state.prompt_ids = self.template.prompt_ids(state.messages)
                 await self._loop(env, state, sampling, session_id)
@@ -97,21 +97,20 @@ class EnvAgentLoop:
             result = await self._env_call(state, "step", env.step, dict(message))
             if not isinstance(result, StepResult):
                 raise EnvError(f"step returned {type(result).__name__}, not a StepResult")
-            reward = float(result.reward)
-            if reward != reward or abs(reward) == float("inf"):
-                raise EnvError(f"step returned reward {reward} (must be finite)")
+            reward = result.reward
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise EnvError(f"step returned reward {reward!r} (must be a finite number)")
+            reward = float(reward)
+            done = bool(result.done)
+            observation = [] if done else _messages(result.observation, "step", OBSERVATION_ROLES)
             state.turn_rewards.append(reward)
-            state.turns[-1]["env"] = {"reward": reward, "done": bool(result.done), "info": _json_values(result.info)}
-            if result.done:
+            state.turns[-1]["env"] = {"reward": reward, "done": done, "info": _json_values(result.info)}
+            if done:
                 state.finish("stop", "env_done")
                 return
             if state.num_turns >= self.config.max_assistant_turns:
                 state.finish("max_turns", "max_assistant_turns")
                 return
-            try:
-                observation = check_messages(result.observation, "step", roles=OBSERVATION_ROLES, allow_empty=False)
-            except ValueError as e:
-                raise EnvError(str(e)) from None
             delta = self.template.delta_ids(state.messages, observation)
             state.count(f"template_{delta.mode}")
             if not self.policy.fits(state, len(delta.ids)):
@@ -140,6 +139,14 @@ class EnvAgentLoop:
         except Exception as e:  # noqa: BLE001 -- boundary: the episode is complete; a failed close only counts
             log.warning("environment close() raised %s: %s", type(e).__name__, e)
             state.count("env_close_errors")
+
+
+def _messages(value: Any, what: str, roles: tuple[str, ...]) -> list[dict]:
+    """`value` if it is a non-empty list of messages with `roles`; EnvError naming `what` otherwise."""
+    try:
+        return check_messages(value, what, roles=roles, allow_empty=False)
+    except ValueError as e:
+        raise EnvError(str(e)) from None
 
 
 def _json_values(info: Any) -> Any:

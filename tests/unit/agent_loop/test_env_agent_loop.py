@@ -66,7 +66,10 @@ async def test_weight_versions_cover_policy_tokens_only(tiny_tokenizer):
 @pytest.mark.parametrize("fail, where", [("constructor", "constructor raised RuntimeError"),
                                          ("reset", "reset raised ConnectionError"),
                                          ("step", "step raised KeyError"),
-                                         ("bad_step", "step returned dict, not a StepResult")])
+                                         ("bad_step", "step returned dict, not a StepResult"),
+                                         ("bad_reset", "reset returned 'Start.' instead of a non-empty list"),
+                                         ("no_reward", "step returned reward None (must be a finite number)"),
+                                         ("assistant_observation", "step: message 0 has role 'assistant'")])
 async def test_an_environment_that_raises_is_an_infra_fault(tiny_tokenizer, fail, where):
     engine = ScriptedEngine(tiny_tokenizer, ["move"])
     loop = EnvAgentLoop(engine, tiny_tokenizer, AgentLoopConfig(envs=SCRIPTED))
@@ -168,3 +171,11 @@ async def test_guess_games_on_the_tiny_model_through_the_local_engine(guessing_m
         rendered = tokenizer.apply_chat_template(e.messages, tokenize=False)
         assert tokenizer.decode(e.prompt_ids + e.response_ids, skip_special_tokens=False) + "\n" == rendered
         assert e.messages[-1]["role"] == "assistant"
+
+
+def test_replay_names_environment_episodes_as_out_of_its_reach():
+    from agentrl.agent_loop.replay import ReplayError, replay_inputs
+
+    row = {"episode_id": "e1", "turns": [{}], "replay": {"env": {"name": "guess_number", "kwargs": {}}}}
+    with pytest.raises(ReplayError, match="played against environment 'guess_number'; agentrl replay re-runs tool"):
+        replay_inputs(row)

@@ -11,7 +11,8 @@ CLOSED: list[str] = []  # the `tag` of every environment closed, in order
 
 class ScriptedEnv:
     """Answers turn i with observation "obs i" and reward rewards[i]; done after len(rewards) turns. `fail`:
-    "constructor", "reset" or "step" raises there; "bad_step" returns a non-StepResult; "slow_step" sleeps."""
+    "constructor", "reset" or "step" raises there; "bad_reset", "bad_step", "no_reward" and
+    "assistant_observation" return something malformed; "slow_step" sleeps."""
 
     def __init__(self, rewards: list[float] = (0.5,), fail: str = "", tag: str = "", role: str = "user"):
         if fail == "constructor":
@@ -22,6 +23,8 @@ class ScriptedEnv:
     async def reset(self, task) -> list[dict]:
         if self.fail == "reset":
             raise ConnectionError("game server went away")
+        if self.fail == "bad_reset":
+            return "Start."
         return [{"role": "system", "content": "Play."}, {"role": "user", "content": "Start."}]
 
     async def step(self, message: dict):
@@ -32,6 +35,10 @@ class ScriptedEnv:
             return {"observation": []}
         if self.fail == "slow_step":
             await asyncio.sleep(30)
+        if self.fail == "no_reward":
+            return StepResult([{"role": "user", "content": "?"}], None)
+        if self.fail == "assistant_observation":
+            return StepResult([{"role": "assistant", "content": "I answer for you"}])
         i = len(self.seen) - 1
         done = i + 1 >= len(self.rewards)
         return StepResult([] if done else [{"role": self.role, "content": f"obs {i}"}], self.rewards[i], done,
