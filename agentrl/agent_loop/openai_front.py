@@ -156,6 +156,7 @@ class PolicyFront:
         self._calls: OrderedDict[str, list[CallRecord]] = OrderedDict()
         self._turns: dict[str, list[_Turn]] = {}
         self.errors: dict[str, str] = {}  # episode id -> the engine fault that answered one of its calls
+        self._sampling: dict[str, SamplingParams] = {}  # per-episode sampling set by `open_episode`
 
     def template(self, tools: list[dict] | None) -> ChatTemplate:
         key = json.dumps(tools, sort_keys=True)
@@ -168,9 +169,15 @@ class PolicyFront:
     def calls(self, episode_id: str) -> list[CallRecord]:
         return list(self._calls.get(episode_id, []))
 
+    def open_episode(self, episode_id: str, sampling: SamplingParams) -> None:
+        """Sample `episode_id`'s calls with `sampling`'s temperature, top_p and top_k whatever the requests ask;
+        its seed (if any) gives call k the seed the agent loop gives turn k."""
+        self._sampling[episode_id] = sampling
+
     def take(self, episode_id: str) -> tuple[list[CallRecord], str | None]:
         """Remove and return an episode's records and the engine fault that hit it (None: none)."""
         self._turns.pop(episode_id, None)
+        self._sampling.pop(episode_id, None)
         return self._calls.pop(episode_id, []), self.errors.pop(episode_id, None)
 
     def _record(self, record: CallRecord) -> None:
@@ -212,7 +219,7 @@ class PolicyFront:
         if not isinstance(n, int) or n < 1:
             raise RequestError(f"n must be a positive integer, got {n!r}")
         prompt, rendered = self.prompt_ids(episode_id, messages, tools)
-        params = self._params(body, len(prompt))
+        params = self._params(body, len(prompt), episode_id)
         parse_calls = body.get("tool_choice") != "none" and tools is not None
         gens = await asyncio.gather(*(self._generate(prompt, params, episode_id, i) for i in range(n)))
         choices = []
@@ -231,7 +238,7 @@ class PolicyFront:
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
                           "total_tokens": len(prompt) + completion_tokens}}
 
-    def _params(self, body: dict, prompt_len: int) -> SamplingParams:
+    def _params(self, body: dict, prompt_len: int, episode_id: str) -> SamplingParams:
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_new_tokens
         if not isinstance(limit, int) or limit < 1:
             raise RequestError(f"max_tokens must be a positive integer, got {limit!r}")
@@ -247,8 +254,10 @@ class PolicyFront:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise RequestError("stop must be a string or a list of strings")
         seed = body.get("seed")
-        if self.sampling is not None:
-            s = self.sampling
+        s = self._sampling.get(episode_id, self.sampling)
+        if s is not None:
+            if episode_id in self._sampling and s.seed is not None:
+                seed = (s.seed * 1_000_003 + len(self._calls.get(episode_id, []))) % 2**31
             return SamplingParams(max_new_tokens=limit, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                   stop_token_ids=self.stop_token_ids, stop=stop,
                                   seed=s.seed if seed is None else seed)
