@@ -328,9 +328,20 @@ def create_app(front: PolicyFront, *, token: str | None = None) -> FastAPI:
     from agentrl.auth import BearerAuth
 
     app = FastAPI(title="agentrl policy (OpenAI-compatible)")
-    app.state.front = front
     if token is not None:
         app.add_middleware(BearerAuth, token=token)
+    add_routes(app, front)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    return app
+
+
+def add_routes(app: FastAPI, front: PolicyFront) -> None:
+    """Add the OpenAI routes of `front` to `app` (its own app, or `agentrl engine serve`'s beside /generate)."""
+    app.state.front = front
 
     async def completions(request: Request, episode_id: str | None):
         try:
@@ -374,12 +385,6 @@ def create_app(front: PolicyFront, *, token: str | None = None) -> FastAPI:
     async def forget(episode_id: str):
         return {"episode_id": episode_id, "calls": len(front.take(episode_id)[0])}
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
-
-    return app
-
 
 @contextlib.asynccontextmanager
 async def serve_in_loop(app: FastAPI, host: str = "127.0.0.1"):
@@ -410,5 +415,5 @@ async def serve_in_loop(app: FastAPI, host: str = "127.0.0.1"):
         sock.close()
 
 
-__all__ = ["CallRecord", "EPISODE_HEADER", "PolicyFront", "RequestError", "create_app", "normalize_messages",
-           "serve_in_loop"]
+__all__ = ["CallRecord", "EPISODE_HEADER", "PolicyFront", "RequestError", "add_routes", "create_app",
+           "normalize_messages", "serve_in_loop"]

@@ -1,6 +1,6 @@
 """The policy front on the tiny model: what it records is what the engine sampled (ids, logprobs under the
 model's own forward pass), with an OpenAI Agents SDK agent as the client; and `agentrl serve-policy` serves the
-OpenAI API from a subprocess."""
+OpenAI API from a subprocess, and so does `agentrl engine serve` beside SGLang's API."""
 
 from __future__ import annotations
 
@@ -69,15 +69,18 @@ async def test_recorded_tokens_are_what_the_engine_sampled(tiny_model_dir):
     assert torch.allclose(trainer[mask], torch.tensor(ep.response_logprobs)[mask], atol=1e-4)
 
 
-def test_serve_policy_command(tiny_model_dir):
+@pytest.mark.parametrize("command", ["serve-policy", "engine serve"])
+def test_served_openai_api(tiny_model_dir, command):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "agentrl.cli", "serve-policy", "--model", str(tiny_model_dir), "--port", str(port),
-            "--max-new-tokens", "8", "--model-name", "tiny"]
+    args = [sys.executable, "-m", "agentrl.cli", *command.split(), "--model", str(tiny_model_dir), "--port", str(port)]
+    if command == "serve-policy":
+        args += ["--max-new-tokens", "8", "--model-name", "tiny"]
     with service(args, f"{url}/health", timeout=120):
         client = openai.OpenAI(base_url=f"{url}/episodes/run-1/v1", api_key="unused")
-        assert [m.id for m in client.models.list().data] == ["tiny"]
-        reply = client.chat.completions.create(model="tiny", messages=TASK.prompt, max_tokens=4, temperature=0,
+        name = "tiny" if command == "serve-policy" else str(tiny_model_dir)
+        assert [m.id for m in client.models.list().data] == [name]
+        reply = client.chat.completions.create(model=name, messages=TASK.prompt, max_tokens=4, temperature=0,
                                                logprobs=True)
         choice = reply.choices[0]
         assert choice.finish_reason in ("stop", "length") and reply.usage.completion_tokens <= 4
