@@ -81,3 +81,17 @@ def test_config_checks_the_program():
     with pytest.raises(ConfigError, match="must be an async function"):
         RolloutConfig(agent_program=f"{__name__}:not_async")
     assert RolloutConfig(agent_program="agent_programs:openai_sdk_agent").agent_program
+
+
+async def test_the_shipped_example_agent_is_scored_on_its_transcript(tiny_tokenizer):
+    script = [model_turn("", [("calculate", {"expression": "1 + 2"})]), "<answer>3</answer>"]
+    engine = ScriptedEngine(tiny_tokenizer, script)
+    program = "agentrl.agent_loop.example_agents:calculator_agent"
+    manager = RolloutManager(engine, tiny_tokenizer, None, AgentLoopConfig(),
+                             RolloutConfig(n=1, agent_program=program), RewardConfig())
+    try:
+        (ep,) = await manager.generate([TASK])
+    finally:
+        await manager.aclose()
+    assert "<tool_response>\n3\n</tool_response>" in tiny_tokenizer.decode(engine.calls[1].input_ids)
+    assert (ep.reward, ep.metrics["reward_from"], ep.num_turns) == (1.0, "transcript", 2)
