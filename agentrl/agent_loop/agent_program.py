@@ -83,7 +83,8 @@ class AgentProgramLoop:
         if engine_error is not None and finish != "timeout":
             finish, detail = "infra_error", f"engine: {engine_error}"
         if not calls:
-            finish, detail = "infra_error", detail or "the agent program made no call to the policy"
+            detail = detail or "the agent program made no call to the policy at the base_url it was given"
+            finish = "infra_error"
         if finish == "infra_error":
             metrics["infra_detail"] = detail
             if not calls:

@@ -72,7 +72,7 @@ def assemble(calls: list[CallRecord]) -> list[Sample]:
 def episodes_from_calls(calls: list[CallRecord], *, uid: str, episode_id: str, messages: list[dict],
                         reward: float = 0.0, task_id: str = "", data_source: str = "unknown",
                         metrics: dict | None = None) -> list[Episode]:
-    """One Episode per sample of `calls`; the first keeps `episode_id`, later ones get "/1", "/2", ...
+    """One Episode per sample of `calls`; the first keeps `episode_id`, later ones get "-part1", "-part2", ...
     `messages`: the episode's transcript (on every sample). Raises ValueError for an episode without calls."""
     samples = assemble(calls)
     if not samples:
@@ -90,7 +90,7 @@ def episodes_from_calls(calls: list[CallRecord], *, uid: str, episode_id: str, m
             finish_reason="length" if last.finish_reason == "length" else "stop", num_turns=len(s.calls),
             metrics=m, task_id=task_id, data_source=data_source, turn_ids=s.turn_ids,
             response_versions=s.versions if s.versions_known else [],
-            episode_id=episode_id if k == 0 else f"{episode_id}/{k}",
+            episode_id=episode_id if k == 0 else f"{episode_id}-part{k}",
             turns=[{"tokens": len(c.completion_ids), "finish_reason": c.finish_reason, "rendered": c.rendered,
                     "input_tokens": len(c.prompt_ids)} for c in s.calls]))
     return out

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from agentrl.agent_loop.chat import ChatTemplate
+from agentrl.agent_loop.chat import ChatTemplate, canonical_tools
 from agentrl.agent_loop.parsers import make_parser
 from agentrl.agent_loop.tool_agent import generation_eos_ids
 from agentrl.agent_loop.versions import sampled_versions
@@ -122,6 +122,11 @@ def normalize_messages(messages) -> list[dict]:
     return out
 
 
+def _tools_key(tools: list[dict] | None) -> str:
+    """Tool lists that render alike (same tools in any order, keys in any order) share a key."""
+    return json.dumps(canonical_tools(tools), sort_keys=True)
+
+
 @dataclass
 class _Turn:
     """Where an episode can continue: the messages up to and including a returned assistant message, and the ids
@@ -159,7 +164,7 @@ class PolicyFront:
         self._sampling: dict[str, SamplingParams] = {}  # per-episode sampling set by `open_episode`
 
     def template(self, tools: list[dict] | None) -> ChatTemplate:
-        key = json.dumps(tools, sort_keys=True)
+        key = _tools_key(tools)
         if key not in self._templates:
             self._templates[key] = ChatTemplate(self.tokenizer, tools)
         return self._templates[key]
@@ -194,7 +199,7 @@ class PolicyFront:
     def prompt_ids(self, episode_id: str, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], str]:
         """(prompt ids, "continued" | "full"): continue the longest earlier turn the messages extend."""
         template = self.template(tools)
-        key = json.dumps(tools, sort_keys=True)
+        key = _tools_key(tools)
         best = None
         for turn in self._turns.get(episode_id, []):
             n = len(turn.messages)
@@ -230,7 +235,7 @@ class PolicyFront:
             self._record(call)
             if call.ended_turn:
                 self._turns.setdefault(episode_id, []).append(_Turn(
-                    json.dumps(tools, sort_keys=True), [*messages, call.message], prompt + call.completion_ids))
+                    _tools_key(tools), [*messages, call.message], prompt + call.completion_ids))
             choices.append(choice)
         completion_tokens = sum(len(g.token_ids) for g in gens)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),

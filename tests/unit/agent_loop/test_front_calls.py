@@ -42,7 +42,7 @@ def test_edited_history_splits_the_episode_without_retokenizing():
     assert (first.prompt_ids, first.response_ids, first.response_mask) == ([1, 2], [10, 11, 20, 12], [1, 1, 0, 1])
     assert (second.prompt_ids, second.response_ids, second.response_mask) == ([1, 5, 20], [13, 21, 14], [1, 0, 1])
     assert second.response_logprobs == [-0.7, 0.0, -0.1]
-    assert [e.episode_id for e in (first, second)] == ["g-1", "g-1/1"]
+    assert [e.episode_id for e in (first, second)] == ["g-1", "g-1-part1"]
     assert [e.metrics["agent_splits"] for e in (first, second)] == [1, 1]
     assert [e.metrics["sample_part"] for e in (first, second)] == [0, 1]
     assert (first.reward, second.reward) == (0.5, 0.5)
