@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from scripted_engine import ScriptedEngine, model_turn
 
@@ -10,6 +12,7 @@ from agentrl.agent_loop.agent_program import AgentProgramLoop
 from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig
 from agentrl.agent_loop.rollout import RolloutManager, rollout_metrics
 from agentrl.config import ConfigError
+from agentrl.inference.base import EngineError
 from agentrl.types import SamplingParams, Task
 
 pytest.importorskip("agents", reason="pip install -e '.[agents]'")
@@ -95,3 +98,32 @@ async def test_the_shipped_example_agent_is_scored_on_its_transcript(tiny_tokeni
         await manager.aclose()
     assert "<tool_response>\n3\n</tool_response>" in tiny_tokenizer.decode(engine.calls[1].input_ids)
     assert (ep.reward, ep.metrics["reward_from"], ep.num_turns) == (1.0, "transcript", 2)
+
+
+async def one_call_then_wait(task, base_url, episode_id):
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    await client.chat.completions.create(model="p", messages=task.prompt)
+    await asyncio.Event().wait()  # never returns: the episode timeout ends it
+
+
+async def test_a_program_past_the_episode_timeout_keeps_its_calls(tiny_tokenizer):
+    engine = ScriptedEngine(tiny_tokenizer, ["Thinking."])
+    loop = AgentProgramLoop(engine, tiny_tokenizer, one_call_then_wait, AgentLoopConfig(episode_timeout_s=0.5))
+    try:
+        (ep,) = await loop.run(TASK, sampling=SamplingParams(max_new_tokens=1), uid="g", session_id="g-0")
+    finally:
+        await loop.aclose()
+    assert (ep.finish_reason, ep.infra_error, ep.num_turns) == ("timeout", True, 1)
+    assert ep.response_ids == engine.calls[0].output.token_ids
+
+
+async def test_an_engine_fault_is_an_infra_failure_naming_the_engine(tiny_tokenizer):
+    engine = ScriptedEngine(tiny_tokenizer, [EngineError("server down")])
+    loop = AgentProgramLoop(engine, tiny_tokenizer, one_call_then_wait, AgentLoopConfig())
+    try:
+        (ep,) = await loop.run(TASK, sampling=SamplingParams(max_new_tokens=1), uid="g", session_id="g-0")
+    finally:
+        await loop.aclose()
+    assert ep.infra_error and ep.metrics["infra_detail"] == "engine: server down"
