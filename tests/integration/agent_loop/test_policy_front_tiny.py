@@ -91,3 +91,22 @@ def test_served_openai_api(tiny_model_dir, command):
         assert call["logprobs"] == pytest.approx([t.logprob for t in choice.logprobs.content])
         assert httpx.delete(f"{url}/v1/episodes/run-1").json()["calls"] == 1
         assert httpx.get(f"{url}/v1/episodes/run-1").json()["calls"] == []
+
+
+def test_serve_policy_over_sglang_api_servers(tiny_model_dir):
+    """`--engine-url`: the front samples through the SGLang client (here from `agentrl engine serve`); the weight
+    version the server reports is recorded on every sampled token."""
+    engine_port, port = free_port(), free_port()
+    engine_url, url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{port}"
+    engine = [sys.executable, "-m", "agentrl.cli", "engine", "serve", "--model", str(tiny_model_dir), "--port",
+              str(engine_port)]
+    front = [sys.executable, "-m", "agentrl.cli", "serve-policy", "--model", str(tiny_model_dir), "--port", str(port),
+             "--engine-url", engine_url]
+    with service(engine, f"{engine_url}/health", timeout=120), service(front, f"{url}/health", timeout=120):
+        client = openai.OpenAI(base_url=f"{url}/episodes/e/v1", api_key="unused")
+        reply = client.chat.completions.create(model="agentrl-policy", messages=TASK.prompt, max_tokens=4,
+                                               logprobs=True)
+        (call,) = httpx.get(f"{url}/v1/episodes/e").json()["calls"]
+        assert len(call["completion_ids"]) == reply.usage.completion_tokens
+        assert call["logprobs"] == pytest.approx([t.logprob for t in reply.choices[0].logprobs.content])
+        assert call["weight_versions"] == [0] * len(call["completion_ids"])
