@@ -30,7 +30,8 @@ from collections.abc import Awaitable, Callable
 
 from agentrl.agent_loop.calls import episodes_from_calls
 from agentrl.agent_loop.config import AgentLoopConfig, load_agent_program
-from agentrl.agent_loop.openai_front import PolicyFront, create_app, serve_in_loop
+from agentrl.agent_loop.openai_front import PolicyFront
+from agentrl.agent_loop.openai_server import create_app, serve_in_loop
 from agentrl.types import Episode, SamplingParams, Task
 
 AgentProgram = Callable[[Task, str, str], Awaitable[float | list[dict] | None]]

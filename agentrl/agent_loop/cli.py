@@ -32,7 +32,8 @@ def _serve_policy(args) -> int:
     token = service_token(args.host, args.token_file, "agentrl serve-policy")
     from transformers import AutoTokenizer
 
-    from agentrl.agent_loop.openai_front import PolicyFront, create_app
+    from agentrl.agent_loop.openai_front import PolicyFront
+    from agentrl.agent_loop.openai_server import create_app
     from agentrl.inference import EngineConfig, make_engine
     from agentrl.services import bind_port, serve_asgi
 

@@ -61,7 +61,8 @@ def _serve(args) -> int:
     from agentrl.auth import service_token
 
     token = service_token(args.host, args.token_file, "agentrl engine serve")  # refused before torch is imported
-    from agentrl.agent_loop.openai_front import PolicyFront, add_routes
+    from agentrl.agent_loop.openai_front import PolicyFront
+    from agentrl.agent_loop.openai_server import add_routes
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.local import LocalEngine
     from agentrl.inference.server import check_weights_dir, create_app

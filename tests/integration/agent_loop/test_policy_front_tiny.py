@@ -13,7 +13,8 @@ from agent_programs import agents_sdk_agent
 from helpers import free_port, service
 
 from agentrl.agent_loop.calls import episodes_from_calls
-from agentrl.agent_loop.openai_front import PolicyFront, create_app, serve_in_loop
+from agentrl.agent_loop.openai_front import PolicyFront
+from agentrl.agent_loop.openai_server import create_app, serve_in_loop
 from agentrl.types import SamplingParams, Task
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,8 @@ from scripted_engine import ScriptedEngine, add, model_turn
 
 from agentrl.agent_loop.calls import episodes_from_calls
 from agentrl.agent_loop.config import AgentLoopConfig
-from agentrl.agent_loop.openai_front import PolicyFront, create_app, serve_in_loop
+from agentrl.agent_loop.openai_front import PolicyFront
+from agentrl.agent_loop.openai_server import create_app, serve_in_loop
 from agentrl.agent_loop.tool_agent import ToolAgentLoop
 from agentrl.tools import ToolRegistry
 from agentrl.types import SamplingParams, Task
