@@ -36,7 +36,7 @@ ifneq ($(HAS_GPU),yes)
 	build = 'CPU build' if torch.version.cuda is None else f'CUDA {torch.version.cuda} build, no GPU here'; \
 	print(f'installed torch {torch.__version__} ({build}) from {sys.argv[1]}')" "$$from"
 endif
-	$(BIN)/pip install --quiet -e '.[dev,envs]'
+	$(BIN)/pip install --quiet -e '.[dev,envs,agents]'
 	touch $(STAMP)
 
 $(SGLANG_WIRE_STAMP): | $(BIN)/python

@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES: list[str] = [
     "agentrl.models.cli",
     "agentrl.inference.cli",
+    "agentrl.agent_loop.cli",
     "agentrl.data.cli",
     "agentrl.tools.cli",
     "agentrl.evaluation.cli",

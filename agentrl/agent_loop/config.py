@@ -67,6 +67,16 @@ class RolloutConfig(ConfigModel):
     # trainer.mode async: what new weights do to turns in flight. "continue": the turn goes on under the new
     # weights (its tokens keep the version that sampled each); "abort": the turn ends and the agent loop restarts it.
     on_weight_update: Literal["continue", "abort"] = "continue"
+    # module:function of an agent program run per episode against the OpenAI-compatible policy front, instead of
+    # the tool agent loop (`agentrl.agent_loop.agent_program`); null: ToolAgentLoop
+    agent_program: str | None = None
+
+    @field_validator("agent_program")
+    @classmethod
+    def _async_program(cls, spec: str | None) -> str | None:
+        if spec is not None:
+            load_agent_program(spec)
+        return spec
 
     @field_validator("top_k")
     @classmethod
@@ -184,6 +194,19 @@ class RewardConfig(ConfigModel):
         return custom
 
 
+def load_agent_program(spec: str) -> Callable:
+    """The `module:function` agent program, checked to be an async function of (task, base_url, episode_id)."""
+    fn = import_object(spec, "rollout.agent_program")
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"rollout.agent_program {spec} must be an async function: async def run(task, base_url, "
+                          "episode_id)")
+    try:
+        inspect.signature(fn).bind(None, "", "")
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"rollout.agent_program {spec} must accept (task, base_url, episode_id): {e}") from None
+    return fn
+
+
 def check_reward_fn(fn, what: str) -> None:
     """Fail unless `fn` can be called as fn(task, episode, config)."""
     if not callable(fn):
@@ -195,4 +218,4 @@ def check_reward_fn(fn, what: str) -> None:
 
 
 __all__ = ["AgentLoopConfig", "CustomRewardFunctionConfig", "OverlongBufferConfig", "REWARD_ON_ERROR", "RolloutConfig",
-           "RewardConfig", "check_reward_fn", "load_custom_reward_function"]
+           "RewardConfig", "check_reward_fn", "load_agent_program", "load_custom_reward_function"]

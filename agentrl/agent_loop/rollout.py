@@ -24,7 +24,8 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
-from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig
+from agentrl.agent_loop.agent_program import AgentProgramLoop
+from agentrl.agent_loop.config import AgentLoopConfig, RewardConfig, RolloutConfig, load_agent_program
 from agentrl.agent_loop.rewards import RewardError, check_reward_specs, reward_failed, score_episode
 from agentrl.agent_loop.tool_agent import ToolAgentLoop
 from agentrl.auth import ServiceAuthError
@@ -42,16 +43,26 @@ class RolloutManager:
                  reward_config: RewardConfig, run_dir: str | Path | None = None):
         self.agent = ToolAgentLoop(engine, tokenizer, tools, agent_config)
         self.env_agent = EnvAgentLoop(engine, tokenizer, agent_config)
+        self.program = None  # rollout.agent_program: episodes run by an agent program through the policy front
+        if rollout_config.agent_program is not None:
+            self.program = AgentProgramLoop(engine, tokenizer, load_agent_program(rollout_config.agent_program),
+                                            agent_config)
         self.tools = tools
         self.rollout_config = rollout_config
         self.reward_config = reward_config
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._calls_in_step: dict[int, int] = {}  # generate() calls so far in the current step
 
+    async def aclose(self) -> None:
+        """Stop the policy front an agent program used (nothing to do for ToolAgentLoop)."""
+        if self.program is not None:
+            await self.program.aclose()
+
     async def generate(self, tasks: list[Task], *, step: int = 0, n: int | None = None,
                        progress=None) -> list[Episode]:
         """Roll out every task `n` times (default `rollout.n`); returns episodes in task order, then sample
-        index, with rewards filled in. Writes them to run_dir/episodes.jsonl when a run dir is set.
+        index (an agent program's split episode: its samples in a row), with rewards filled in. Writes them to
+        run_dir/episodes.jsonl when a run dir is set.
         `progress`: what counts finished episodes (`update(1)`, `close()`); default a tqdm bar on a terminal.
 
         Group uids are f"step{step}-{k}-task{i}" with k counting the calls made for this step (refill rounds
@@ -95,12 +106,12 @@ class RolloutManager:
                             progress) -> list[Episode]:
         """One episode per (task, group uid, sample index), each in a slot; results in `jobs` order."""
 
-        async def one(task: Task, uid: str, sample: int) -> Episode:
+        async def one(task: Task, uid: str, sample: int) -> list[Episode]:
             async with slots:
-                episode = await self._episode(task, uid=uid, sample=sample)
+                episodes = await self._episode(task, uid=uid, sample=sample)
             if progress is not None:
                 progress.update(1)
-            return episode
+            return episodes
 
         try:  # a TaskGroup cancels the other episodes if one fails with a bug (not an infra error)
             async with asyncio.TaskGroup() as group:
@@ -110,22 +121,39 @@ class RolloutManager:
             if first is None:
                 raise
             raise first from first.__cause__
-        return [r.result() for r in running]
+        return [episode for r in running for episode in r.result()]  # an agent program's split samples in a row
 
-    async def _episode(self, task: Task, *, uid: str, sample: int) -> Episode:
+    async def _episode(self, task: Task, *, uid: str, sample: int) -> list[Episode]:
         cfg = self.rollout_config
         seed = None if cfg.seed is None else zlib.crc32(f"{cfg.seed}/{uid}/{sample}".encode())
         sampling = SamplingParams(max_new_tokens=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                   seed=seed)
+        if self.program is not None:
+            return await self._program_episode(task, sampling, uid=uid, sample=sample)
         agent = self.agent if task.env is None else self.env_agent
         episode = await agent.run(task, sampling=sampling, uid=uid, session_id=f"{uid}-{sample}")
         episode.metrics["sample_index"] = sample
         if episode.infra_error:
-            return episode
+            return [episode]
         await score_episode(task, episode, self.reward_config)
         if episode.turn_rewards and not episode.infra_error:
             episode.reward += sum(episode.turn_rewards)
-        return episode
+        return [episode]
+
+    async def _program_episode(self, task: Task, sampling: SamplingParams, *, uid: str,
+                               sample: int) -> list[Episode]:
+        """An agent program's episode: its samples, scored once (the program's number, or the task's reward spec
+        on the final transcript) and all given that score."""
+        first, *rest = await self.program.run(task, sampling=sampling, uid=uid, session_id=f"{uid}-{sample}")
+        if not first.infra_error and first.metrics["reward_from"] == "transcript":
+            await score_episode(task, first, self.reward_config)
+        for ep in (first, *rest):
+            ep.metrics["sample_index"] = sample
+            ep.reward, ep.infra_error = first.reward, first.infra_error
+            for key in ("reward_error", "infra_detail"):
+                if key in first.metrics:
+                    ep.metrics[key] = first.metrics[key]
+        return [first, *rest]
 
     def _check_envs(self, tasks: list[Task]) -> None:
         """Every task's environment is registered and takes its kwargs (UnknownEnvError, one line)."""
@@ -152,7 +180,7 @@ def write_episodes(path: Path, episodes: list[Episode], *, step: int, n: int) ->
     for i, episode in enumerate(episodes):
         row = episode.to_dict()
         row["step"] = step
-        row["sample_index"] = i % n
+        row["sample_index"] = episode.metrics.get("sample_index", i % n)
         lines.append(json.dumps(row, ensure_ascii=False))
     with path.open("a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
@@ -206,6 +234,9 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/tool_error_rate": errors / calls if calls else 0.0,
         "rollout/reward_errors": float(sum(reward_failed(e) for e in episodes)),  # reward.on_error zero / drop
     }
+    if any("agent_splits" in e.metrics for e in episodes):  # agent programs: episodes split into several samples
+        out["rollout/agent_splits"] = float(sum(e.metrics.get("agent_splits", 0) for e in episodes
+                                                if e.metrics.get("sample_part") == 0))
     for reason in FINISH_REASONS_EPISODE:
         out[f"rollout/finish_{reason}"] = reasons.get(reason, 0) / total
     return out

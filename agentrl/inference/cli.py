@@ -11,7 +11,8 @@ def add_commands(subparsers) -> None:
     engine = subparsers.add_parser("engine", help="rollout engines: serve the CPU engine, launch SGLang servers")
     sub = engine.add_subparsers(dest="engine_command", metavar="ENGINE_COMMAND", required=True)
 
-    serve = sub.add_parser("serve", help="serve a LocalEngine behind SGLang's native HTTP API (/generate, ...)")
+    serve = sub.add_parser("serve", help="serve a LocalEngine behind SGLang's native HTTP API (/generate, ...) and "
+                                          "the OpenAI chat API (/v1/chat/completions, recorded per episode)")
     serve.add_argument("--model", required=True, help="Hugging Face model directory")
     serve.add_argument("--port", type=int, required=True, help="port to listen on (0: pick a free one)")
     serve.add_argument("--host", default="127.0.0.1",
@@ -60,6 +61,8 @@ def _serve(args) -> int:
     from agentrl.auth import service_token
 
     token = service_token(args.host, args.token_file, "agentrl engine serve")  # refused before torch is imported
+    from agentrl.agent_loop.openai_front import PolicyFront
+    from agentrl.agent_loop.openai_server import add_routes
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.local import LocalEngine
     from agentrl.inference.server import check_weights_dir, create_app
@@ -71,8 +74,12 @@ def _serve(args) -> int:
                           num_threads=args.num_threads)
     with bind_port(args.host, args.port) as sock:  # a taken port fails before the model loads
         engine = LocalEngine.from_pretrained(args.model, config)
+        app = create_app(engine, str(args.model), token=token, weights_dir=weights_dir)
+        # the OpenAI API beside SGLang's: /v1/models, /v1/chat/completions, recorded per episode (docs/agents.md)
+        add_routes(app, PolicyFront(engine, engine.tokenizer, model_name=str(args.model),
+                                    max_new_tokens=engine.max_model_len, max_model_len=engine.max_model_len))
         try:
-            serve_asgi(create_app(engine, str(args.model), token=token, weights_dir=weights_dir), sock,
+            serve_asgi(app, sock,
                        lambda url: f"engine ready on {url} (model {args.model}, max_batch_size="
                                    f"{config.max_batch_size}, max_model_len={engine.max_model_len})",
                        log_level=args.log_level)

@@ -728,6 +728,8 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             val_rollout = RolloutManager(engine, tokenizer, tools, cfg.agent, cfg.rollout.model_copy(update=dict(
                 n=cfg.trainer.val_n, temperature=cfg.trainer.val_temperature, dump_episodes=False)),
                 cfg.reward, run_dir=None)
+            resources.push_async_callback(rollout.aclose)  # an agent program's policy front
+            resources.push_async_callback(val_rollout.aclose)
             logger = MetricsLogger(run_dir, cfg.trainer.loggers, project=cfg.trainer.project,
                                    experiment=cfg.trainer.experiment, config=to_dict(cfg),
                                    total_steps=cfg.trainer.total_steps, resumed_from=start.step)

@@ -63,7 +63,8 @@ PARSED_ONLY = {
 USER_FILES = ("data/train.parquet", "data/test.parquet")
 NOT_PATHS = {"Qwen/Qwen2.5-3B-Instruct"}  # Hugging Face model ids, not files
 SERVICE_HEALTH = {("agentrl", "tools", "serve"): "/health", ("agentrl", "sandbox", "serve"): "/v1/ping",
-                  ("agentrl", "engine", "serve"): "/health", ("python", "-m", "sandbox"): "/v1/ping"}
+                  ("agentrl", "engine", "serve"): "/health", ("python", "-m", "sandbox"): "/v1/ping",
+                  ("agentrl", "serve-policy"): "/health"}
 OUTPUT_KEYS = ("trainer.run_dir=", "sft.run_dir=", "sft.output_dir=")  # overrides naming what a run writes
 PATH_SUFFIXES = (".yaml", ".yml", ".jsonl", ".json", ".parquet", ".py", ".sh", ".txt", ".md")
 
