@@ -32,6 +32,7 @@ import sys
 # The backend prepends these definitions to this text (bwrap.py, zygote.py); declared here for readers and
 # linters, never imported: `__name__` is "__main__" wherever this runs.
 if __name__ == "<prelude>":
+    from sandbox.backends.fork_src import _fork_child, _fork_refusal
     from sandbox.backends.prelude_src import _frame, _read_exact
     from sandbox.backends.runner_src import _prepare, _supervise
     from sandbox.backends.session_src import _serve_session
@@ -147,15 +148,20 @@ def _build_template(kernel, cfg):
     kernel.mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "mode=0755")  # superblock
 
 
-def _mount_own(kernel, cfg, uid):
-    """A sandbox's own mounts over its copy of the template: /proc of its pid namespace (with bwrap's read-only
-    covers), a devpts instance, and fresh size-limited tmpfs for /dev/shm, /tmp and the work dir, owned by the
-    sandbox's host uid."""
+def _mount_proc(kernel, covers=True):
+    """/proc of the caller's pid namespace, with bwrap's read-only covers (none in a fork source: a user
+    namespace may mount a new /proc only where one is fully visible, see fork_src.py)."""
     kernel.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    for name in PROC_COVERED:
+    for name in PROC_COVERED if covers else ():
         path = "/proc/" + name
         if os.path.exists(path):
             _bind_ro(kernel, path, path, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+
+
+def _mount_own(kernel, cfg, uid, covers=True):
+    """A sandbox's own mounts over its copy of the template: /proc of its pid namespace, a devpts instance, and
+    fresh size-limited tmpfs for /dev/shm, /tmp and the work dir, owned by the sandbox's host uid."""
+    _mount_proc(kernel, covers)
     kernel.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
     size = "size=%d,mode=0755,uid=%d,gid=%d" % (cfg["tmpfs_bytes"], uid, uid)
     for path in ("/dev/shm", "/tmp", cfg["workdir"]):
@@ -219,7 +225,8 @@ def _init(kernel, cfg, session, host_uid):
         os.setgroups([])
         if host_uid is None:  # a service that is not root: the sandbox maps onto its own (unprivileged) uid
             host_uid = os.geteuid()
-        _mount_own(kernel, cfg, host_uid)
+        forkable = session is not None and session.get("forkable")
+        _mount_own(kernel, cfg, host_uid, covers=not forkable)
         import _socket
 
         _socket.sethostname(cfg["hostname"])
@@ -237,7 +244,10 @@ def _init(kernel, cfg, session, host_uid):
         _write_text("/proc/self/gid_map", "%d %d 1" % (cfg["uid"], host_uid))
         os.setsid()
         os.chdir(cfg["workdir"])
-        kernel.drop_privileges()
+        if forkable:  # its children stack the full filter (fork_src.py)
+            kernel.native.drop_privileges(kernel.cap_last, cfg["seccomp_fork"])
+        else:
+            kernel.drop_privileges()
         kernel.prctl(_PR_SET_DUMPABLE, 0)  # the program (same uid) cannot open /proc/1/mem or ptrace I
         kernel.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
     except BaseException as e:  # noqa: BLE001 - any setup failure is the host's infra error
@@ -257,7 +267,20 @@ def _init(kernel, cfg, session, host_uid):
     pid = os.fork()
     if pid == 0:
         program_setup()
-        _serve_session(3, session["fsize"], session["nofile"])
+        forker = None
+        if forkable:
+            def forker(fds, procs, source_fds):
+                """With fds None: why the source cannot fork now, or None; else this new fork becomes a child."""
+                if fds is None:
+                    return _fork_refusal(cfg)
+                _fork_child(kernel, cfg, fds, procs, source_fds)
+
+        _serve_session(3, session["fsize"], session["nofile"], forker)
+    _serve_as_init(pid)
+
+
+def _serve_as_init(pid):
+    """A session's pid 1 once its interpreter `pid` runs: reap until it exits, report its status, exit."""
     while True:
         try:
             done, status = os.waitpid(-1, 0)
@@ -311,11 +334,12 @@ def _into_sandbox(kernel, cfg, fds, procs, session, host_uid):
     """The sandbox's pid 1, just forked: its stdio and result fd in place, into its cgroups, then _init."""
     import fcntl
 
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (*fds, *procs)]  # out of the way of 0..3
-    for target, fd in enumerate(high[:4]):
+    # out of the way of 0..3 (0..4 for a fork source: its fork socket is fd 4)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (*fds, *procs)]
+    for target, fd in enumerate(high[:len(fds)]):
         os.dup2(fd, target)
-    procs = high[4:]
-    os.closerange(4, procs[0])
+    procs = high[len(fds):]
+    os.closerange(len(fds), procs[0])
     os.closerange(procs[-1] + 1, 1 << 16)
     try:
         for fd in procs:  # every process of this sandbox is born inside its cgroups
@@ -374,7 +398,7 @@ def _zygote_main():
     fd_size = len((0).to_bytes(4, sys.byteorder))
     while True:
         try:
-            data, ancillary, _, _ = ctrl.recvmsg(1 << 16, _socket.CMSG_SPACE(4 * fd_size))
+            data, ancillary, _, _ = ctrl.recvmsg(1 << 16, _socket.CMSG_SPACE(5 * fd_size))
         except InterruptedError:
             continue
         if not data:
@@ -386,7 +410,7 @@ def _zygote_main():
                         for i in range(0, len(payload) - len(payload) % fd_size, fd_size)]
         request = marshal.loads(data)
         procs = []
-        if len(fds) == 4:
+        if len(fds) == 4 or len(fds) == 5 and request.get("session", {}).get("forkable"):
             try:
                 pid, procs = _make_sandbox(kernel, cfg, host_ns, request["cgroup_procs"])
             except OSError as e:  # reported on the sandbox's own result pipe; the zygote serves on

@@ -61,3 +61,50 @@ def sandbox_service(*settings: str):
     url = f"http://127.0.0.1:{port}"
     with service(args, f"{url}/v1/ping"), httpx.Client(base_url=url, timeout=120) as http:
         yield http
+
+
+def session(http: httpx.Client, **fields) -> str:
+    """A new python session's id (`forkable=True` for a fork source)."""
+    resp = http.post("/sessions", json={"language": "python", **fields})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["session_id"]
+
+
+def cell(http: httpx.Client, sid: str, code: str, timeout: float = 5) -> dict:
+    resp = http.post(f"/sessions/{sid}/run", json={"code": code, "timeout": timeout})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def fork(http: httpx.Client, sid: str, n: int) -> list[str]:
+    resp = http.post(f"/sessions/{sid}/fork", params={"n": n})
+    assert resp.status_code == 200, resp.text
+    ids = resp.json()["session_ids"]
+    assert len(ids) == n and len(set(ids)) == n and sid not in ids
+    return ids
+
+
+@contextlib.contextmanager
+def python_session(http: httpx.Client, kind: str = "plain", setup: str = "", **fields):
+    """A python session's id, deleted afterwards: a plain one, or (`kind="forked"`) a child forked from a fork
+    source that ran `setup` (the source is deleted with it)."""
+    if kind == "plain":
+        sid = session(http, **fields)
+        try:
+            if setup:
+                assert cell(http, sid, setup)["status"] == "ok"
+            yield sid
+        finally:
+            http.delete(f"/sessions/{sid}")
+        return
+    source = session(http, forkable=True, **fields)
+    try:
+        if setup:
+            assert cell(http, source, setup)["status"] == "ok"
+        (child,) = fork(http, source, 1)
+        try:
+            yield child
+        finally:
+            http.delete(f"/sessions/{child}")
+    finally:
+        http.delete(f"/sessions/{source}")
