@@ -109,7 +109,7 @@ def test_a_child_cannot_make_namespaces_mounts_or_reach_the_sources_files(http, 
         _delete(http, child)
 
 
-def test_each_child_has_its_own_memory_limit_and_restart(http):
+def test_each_child_has_its_own_memory_and_pids_limits(http):
     sid = session(http, forkable=True, memory_limit_MB=128)
     children = []
     try:
@@ -122,6 +122,12 @@ def test_each_child_has_its_own_memory_limit_and_restart(http):
         assert cell(http, children[1], "more = bytearray(80 * 2**20)\nprint(kept, len(block))")["stdout"] == \
             f"yes {40 * 2**20}\n"
         assert cell(http, sid, "print(kept)")["stdout"] == "yes\n"
+        # pids: a thread bomb in one child stops at its own pids limit (64 here); its sibling still starts threads
+        bomb = ("import threading\nstop = threading.Event()\nn = 0\ntry:\n    while True:\n"
+                "        threading.Thread(target=stop.wait, daemon=True).start()\n        n += 1\n"
+                "except RuntimeError:\n    pass\nstop.set()\nprint(0 < n < 64)")
+        assert cell(http, children[0], bomb)["stdout"] == "True\n"
+        assert cell(http, children[1], bomb.replace("while True", "for _ in range(20)"))["stdout"] == "True\n"
     finally:
         _delete(http, *children, sid)
 
