@@ -53,3 +53,25 @@ async def test_sandbox_down_is_an_infra_error():
     async with reg.episode_session() as s:
         result = await reg.call("python", {"code": "print(1)"}, session=s)
     assert result.infra_error and result.error_kind == "unreachable", result
+
+
+async def test_a_tasks_setup_runs_once_and_each_episode_forks_it(sandbox_url):
+    setup = "import time, colorsys\nstamp = time.time_ns()\nopen('prepared.txt', 'w').write('ready')"
+    reg = ToolRegistry.from_functions([python], tools_kwargs={"python": {"sandbox_url": sandbox_url,
+                                                                         "cell_timeout_s": 5}})
+    task_kwargs = {"python": {"setup": setup}}
+    probe = {"code": "print(stamp, 'colorsys' in dir(), open('prepared.txt').read())\nstamp = 0"}
+    try:
+        async with reg.episode_session(task_kwargs) as a, reg.episode_session(task_kwargs) as b:
+            first = (await reg.call("python", probe, session=a)).content
+            assert live_sessions(sandbox_url) == 2  # the fork source and a's fork
+            second = (await reg.call("python", probe, session=b)).content
+            assert first == second and first.endswith(" True ready"), (first, second)  # one setup, two forks
+            assert live_sessions(sandbox_url) == 3
+        assert live_sessions(sandbox_url) == 0  # the source goes with the last episode that held a fork of it
+        async with reg.episode_session({"python": {"setup": "raise ValueError('bad setup')"}}) as c:
+            result = await reg.call("python", {"code": "print(1)"}, session=c)
+        assert result.infra_error and "setup failed" in result.content and "bad setup" in result.content, result
+        assert live_sessions(sandbox_url) == 0
+    finally:
+        await reg.aclose()
