@@ -501,6 +501,7 @@ class BwrapBackend:
         theirs = ours = None
         if request.get("session", {}).get("forkable"):  # a fork source: a socket for its children's fds
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            ours.setblocking(False)  # a source that never takes its children's fds must not block the service
         try:
             await zygote.spawn({**request, "cgroup_procs": _joins(cg, session="session" in request),
                                 "host_uid": cg.host_uid},
@@ -750,6 +751,8 @@ class BwrapBackend:
                 try:
                     theirs += [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in _joins(cg, session=True)]
                     socket.send_fds(sock, [b"child"], theirs)
+                except BlockingIOError:
+                    raise BackendError("the fork source does not take its children's fds") from None
                 finally:
                     for fd in theirs:
                         os.close(fd)
