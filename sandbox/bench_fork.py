@@ -80,10 +80,11 @@ async def bench_fork(url: str, args: argparse.Namespace, service_cpu_s) -> int:
         cpu0, started = service_cpu_s(health) if cpu else 0.0, time.perf_counter()
         source = await new_session(forkable=True)
         failures += (await cell(source, setup))["status"] != "ok"
-        prepared = time.perf_counter()
+        prepared, cpu1 = time.perf_counter(), service_cpu_s(health) if cpu else 0.0
         resp = await client.post(f"/sessions/{source}/fork", params={"n": n})
         forked = time.perf_counter()
         fork_cpu = service_cpu_s(health) - cpu0 if cpu else None
+        fork_only_cpu = service_cpu_s(health) - cpu1 if cpu else None
         if resp.status_code != 200:
             print(f"error: the fork failed (HTTP {resp.status_code}): {resp.text[:300]}")
             return 1
@@ -103,8 +104,9 @@ async def bench_fork(url: str, args: argparse.Namespace, service_cpu_s) -> int:
           f"{'CPU s':>9}")
     print(row("setup x n", setup_wall, setup_cpu))
     print(row("1 setup + fork n", fork_wall, fork_cpu))
-    print(row("fork n (source prepared)", fork_only, None))
+    print(row("fork n (source prepared)", fork_only, fork_only_cpu))
+    cpu_ratio = f"; CPU {setup_cpu / max(fork_only_cpu, 1e-9):.1f}x" if cpu else ""
     print(f"ratio setup x n / (1 setup + fork n): {setup_wall / fork_wall:.1f}x; "
-          f"setup x n / fork n: {setup_wall / fork_only:.1f}x (per prepared session)")
+          f"setup x n / fork n: {setup_wall / fork_only:.1f}x{cpu_ratio} (per prepared session)")
     print(f"wrong results: {failures}")
     return 1 if failures else 0

@@ -116,7 +116,7 @@ class Session:
 
         sock = _socket.socket(fileno=os.dup(4))
         fd_size = len((0).to_bytes(4, sys.byteorder))
-        error = None
+        error, started = None, []
         if self.forker is None:
             error = "this session is not a fork source"
         else:
@@ -147,10 +147,12 @@ class Session:
                     self.forker = None  # a child is no fork source: its filter is the full one
                     self._connect(ctl, 3)
                     return True
-                os.waitpid(pid, 0)  # C exits once G, the child's pid 1, runs
+                started.append(pid)
             for fd in fds:
                 os.close(fd)
         sock.close()
+        for pid in started:  # each C exits once G, its child's pid 1, runs (they tear down side by side)
+            os.waitpid(pid, 0)
         _frame(self.result_fd, {"id": msg["id"], "error": error})
         return False
 
