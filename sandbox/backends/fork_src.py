@@ -113,10 +113,11 @@ def _copy_tree(src, dst):
 
 
 def _open_files(keep, roots):
-    """(fd, path, flags, offset, inheritable) of the fds the source's code holds on files under `roots` (to
-    reopen in the copies), and the other fds it holds (to point at /dev/null): nothing open in the source stays
-    shared with a child."""
+    """(fd, path, flags, offset, inheritable) of the fds the source's code holds on files and directories under
+    `roots` (to reopen in the copies), and the other fds it holds (fifos, sockets, ... to point at /dev/null):
+    nothing open in the source stays shared with a child."""
     import fcntl
+    import stat
 
     files, others = [], []
     for name in os.listdir("/proc/self/fd"):
@@ -127,7 +128,12 @@ def _open_files(keep, roots):
             path = os.readlink("/proc/self/fd/%d" % fd)
         except OSError:
             continue  # the listing's own fd, already closed
-        if any(path == r or path.startswith(r + "/") for r in roots) and not path.endswith(" (deleted)"):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        reopen = stat.S_ISREG(mode) or stat.S_ISDIR(mode)  # a fifo would block the reopening child
+        if reopen and any(path == r or path.startswith(r + "/") for r in roots) and not path.endswith(" (deleted)"):
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
             try:
                 offset = os.lseek(fd, 0, os.SEEK_CUR)
@@ -172,7 +178,10 @@ def _fork_child(kernel, cfg, fds, procs, source_fds):
         kernel.unshare(_CLONE["ns"] | _CLONE["pid"] | _CLONE["net"] | _CLONE["ipc"] | _CLONE["uts"]
                        | _CLONE["cgroup"])
         kernel.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-        cwd = os.getcwd()
+        try:
+            cwd = os.getcwd()
+        except OSError:  # the source's cwd was removed
+            cwd = cfg["workdir"]
         size = "size=%d,mode=0755,uid=%d,gid=%d" % (cfg["tmpfs_bytes"], uid, uid)
         for path in roots:
             old = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -187,7 +196,10 @@ def _fork_child(kernel, cfg, fds, procs, source_fds):
                 os.close(old)
         kernel.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
         _loopback_up()
-        os.chdir(cwd)
+        try:
+            os.chdir(cwd)
+        except OSError:
+            os.chdir(cfg["workdir"])
         for fd, path, flags, offset, inheritable in files:
             try:
                 reopened = os.open(path, flags & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC))

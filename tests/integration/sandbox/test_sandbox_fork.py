@@ -262,3 +262,18 @@ def test_forks_leave_the_services_memory_and_cgroups_flat(http):
         _delete(http, sid)
     assert http.get("/health").json()["live_sessions"] == 0
     assert_benign(http)
+
+
+def test_odd_source_state_forks(http):
+    """A removed cwd, an open fifo and an open directory: the fork neither hangs nor fails."""
+    sid = session(http, forkable=True)
+    children = []
+    try:
+        odd = ("import os\nos.mkfifo('pipe')\nr = os.open('pipe', os.O_RDONLY | os.O_NONBLOCK)\n"
+               "d = os.open('.', os.O_RDONLY)\nos.mkdir('gone')\nos.chdir('gone')\nos.rmdir('/workspace/gone')")
+        assert cell(http, sid, odd)["status"] == "ok"
+        children = fork(http, sid, 1)
+        out = cell(http, children[0], "print(os.getcwd(), sorted(os.listdir(d)), os.readlink(f'/proc/self/fd/{r}'))")
+        assert out["stdout"] == "/workspace ['pipe'] /dev/null\n", out
+    finally:
+        _delete(http, *children, sid)
