@@ -75,3 +75,28 @@ async def test_a_tasks_setup_runs_once_and_each_episode_forks_it(sandbox_url):
         assert live_sessions(sandbox_url) == 0
     finally:
         await reg.aclose()
+
+
+@pytest.mark.parametrize("setup", [None, "import colorsys\nbase = 40"])
+async def test_an_episode_survives_a_sandbox_restart(sandbox_url, setup):
+    """The sandbox service dies and comes back on the same port: the episode's interpreter is rebuilt from the
+    replay log (a fork of the setup first, when the task has one) and the episode goes on."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["python", "-m", "sandbox", "serve", "--port", str(port), "--set", "max_sessions=4"]
+    kwargs = {"python": {"sandbox_url": url, "cell_timeout_s": 5, **({"setup": setup} if setup else {})}}
+    reg = ToolRegistry.from_functions([python], tools_kwargs=kwargs)
+    try:
+        async with reg.episode_session() as episode:
+            with service(args, f"{url}/v1/ping"):
+                first = "x = 2 + (base if 'base' in dir() else 40)\nopen('kept.txt', 'w').write('kept')"
+                assert not (await reg.call("python", {"code": first}, session=episode)).is_error
+                assert (await reg.call("python", {"code": "x += 0\nundefined"}, session=episode)).is_error is False
+            with service(args, f"{url}/v1/ping"):  # a new service: it knows no session
+                result = await reg.call("python", {"code": "print(x, open('kept.txt').read())"}, session=episode)
+                assert not result.infra_error and result.content == "42 kept", result
+                assert result.metrics["sandbox_restored"] == 1 and result.metrics["replayed_cells"] == 2, result
+                again = await reg.call("python", {"code": "print(x)"}, session=episode)
+                assert again.content == "42" and "sandbox_restored" not in again.metrics
+    finally:
+        await reg.aclose()
