@@ -277,3 +277,17 @@ def test_odd_source_state_forks(http):
         assert out["stdout"] == "/workspace ['pipe'] /dev/null\n", out
     finally:
         _delete(http, *children, sid)
+
+
+def test_children_die_with_their_sources_sandbox(http):
+    sid = session(http, forkable=True, memory_limit_MB=128)
+    children = []
+    try:
+        cell(http, sid, "value = 1")
+        children = fork(http, sid, 1)
+        out = cell(http, sid, "boom = bytearray(400 * 2**20)")  # the source's interpreter is OOM-killed
+        assert out["restarted"] is True and out["exit_reason"] == "oom", out
+        after = cell(http, children[0], "print('value' in globals())")  # its pid namespace went with the source's
+        assert after["restarted"] is True and after["stdout"] == "False\n", after
+    finally:
+        _delete(http, *children, sid)
