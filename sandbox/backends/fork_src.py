@@ -25,8 +25,7 @@ import os
 # The backend prepends these definitions to this text (zygote.py); declared here for readers and linters, never
 # imported: `__name__` is "__main__" wherever this runs.
 if __name__ == "<prelude>":
-    from sandbox.backends.prelude_src import _frame
-    from sandbox.backends.zygote_src import (
+    from sandbox.backends.nsops_src import (
         _CLONE,
         _MS_NODEV,
         _MS_NOEXEC,
@@ -39,6 +38,7 @@ if __name__ == "<prelude>":
         _serve_as_init,
         _write_text,
     )
+    from sandbox.backends.prelude_src import _frame
 
 _COPIED = ("/tmp", "/dev/shm")  # besides the work dir
 

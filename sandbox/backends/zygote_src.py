@@ -33,20 +33,32 @@ import sys
 # linters, never imported: `__name__` is "__main__" wherever this runs.
 if __name__ == "<prelude>":
     from sandbox.backends.fork_src import _fork_child, _fork_refusal
+    from sandbox.backends.nsops_src import (
+        _CLONE,
+        _MNT_DETACH,
+        _MS_BIND,
+        _MS_NODEV,
+        _MS_NOEXEC,
+        _MS_NOSUID,
+        _MS_PRIVATE,
+        _MS_RDONLY,
+        _MS_REC,
+        _MS_REMOUNT,
+        _PR_SET_DUMPABLE,
+        _PR_SET_PDEATHSIG,
+        _bind_ro,
+        _loopback_up,
+        _mount_proc,
+        _serve_as_init,
+        _write_text,
+    )
     from sandbox.backends.prelude_src import _frame, _read_exact
     from sandbox.backends.runner_src import _prepare, _supervise
     from sandbox.backends.session_src import _serve_session
 
-_CLONE = {"ns": 0x00020000, "cgroup": 0x02000000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
-          "pid": 0x20000000, "net": 0x40000000}
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_MNT_DETACH = 2
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
              ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"), ("ptmx", "pts/ptmx"))
-PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")  # bound read-only over the sandbox's /proc, as bwrap does
 
 
 class _Kernel:
@@ -76,24 +88,8 @@ class _Kernel:
         self.native.drop_privileges(self.cap_last, self.seccomp_filter)
 
 
-def _write_text(path, text):
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise OSError(e.errno, "writing %r to %s: %s" % (text, path, e.strerror)) from None
-
-
 def _touch(path):
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-
-
-def _bind_ro(kernel, source, target, flags=_MS_NOSUID | _MS_NODEV):
-    kernel.mount(source, target, None, _MS_BIND)
-    kernel.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | flags)
 
 
 def _build_template(kernel, cfg):
@@ -148,16 +144,6 @@ def _build_template(kernel, cfg):
     kernel.mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "mode=0755")  # superblock
 
 
-def _mount_proc(kernel, covers=True):
-    """/proc of the caller's pid namespace, with bwrap's read-only covers (none in a fork source: a user
-    namespace may mount a new /proc only where one is fully visible, see fork_src.py)."""
-    kernel.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    for name in PROC_COVERED if covers else ():
-        path = "/proc/" + name
-        if os.path.exists(path):
-            _bind_ro(kernel, path, path, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-
-
 def _mount_own(kernel, cfg, uid, covers=True):
     """A sandbox's own mounts over its copy of the template: /proc of its pid namespace, a devpts instance, and
     fresh size-limited tmpfs for /dev/shm, /tmp and the work dir, owned by the sandbox's host uid."""
@@ -197,19 +183,6 @@ def _make_template(kernel, cfg):
     finally:
         os.close(hold_w)
         os.waitpid(pid, 0)
-
-
-def _loopback_up():
-    """`lo` up in the sandbox's network namespace (127.0.0.1 only; no other interface exists), as bwrap does."""
-    import _socket
-    import fcntl
-
-    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
-    try:
-        fcntl.ioctl(sock.fileno(), 0x8914, b"lo".ljust(16, b"\0") + (0x1 | 0x8 | 0x40).to_bytes(2, "little")
-                    + bytes(22))  # SIOCSIFFLAGS: IFF_UP | IFF_LOOPBACK | IFF_RUNNING
-    finally:
-        sock.close()
 
 
 def _init(kernel, cfg, session, host_uid):
@@ -277,21 +250,6 @@ def _init(kernel, cfg, session, host_uid):
 
         _serve_session(3, session["fsize"], session["nofile"], forker)
     _serve_as_init(pid)
-
-
-def _serve_as_init(pid):
-    """A session's pid 1 once its interpreter `pid` runs: reap until it exits, report its status, exit."""
-    while True:
-        try:
-            done, status = os.waitpid(-1, 0)
-        except InterruptedError:
-            continue
-        if done == pid:
-            break
-    try:
-        _frame(3, {"runner_exit": os.waitstatus_to_exitcode(status)})
-    finally:
-        os._exit(0)
 
 
 def _setup_failed(error, status):
