@@ -100,3 +100,20 @@ async def test_an_episode_survives_a_sandbox_restart(sandbox_url, setup):
                 assert again.content == "42" and "sandbox_restored" not in again.metrics
     finally:
         await reg.aclose()
+
+
+async def test_a_state_built_by_a_timed_out_cell_is_not_rebuilt():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["python", "-m", "sandbox", "serve", "--port", str(port), "--set", "max_sessions=2"]
+    reg = ToolRegistry.from_functions([python], tools_kwargs={"python": {"sandbox_url": url, "cell_timeout_s": 1}})
+    try:
+        async with reg.episode_session() as episode:
+            with service(args, f"{url}/v1/ping"):
+                slow = "import time\nx = 1\ntime.sleep(30)"  # interrupted: how far it got is not replayable
+                assert "KeyboardInterrupt" in (await reg.call("python", {"code": slow}, session=episode)).content
+            with service(args, f"{url}/v1/ping"):
+                result = await reg.call("python", {"code": "print(x)"}, session=episode)
+                assert result.infra_error and "cannot be rebuilt" in result.content, result
+    finally:
+        await reg.aclose()
