@@ -93,10 +93,15 @@ class CreateSessionRequest(BaseModel):
     language: str = "python"
     memory_limit_MB: int = -1
     idle_ttl_s: float = -1
+    forkable: bool = False  # a fork source (`POST /sessions/{id}/fork`); see docs/sandbox.md on its filter
 
 
 class CreateSessionResponse(BaseModel):
     session_id: str
+
+
+class ForkSessionResponse(BaseModel):
+    session_ids: list[str]
 
 
 class RunCellRequest(BaseModel):

@@ -25,6 +25,7 @@ from sandbox.api import (
     CommandRunResult,
     CreateSessionRequest,
     CreateSessionResponse,
+    ForkSessionResponse,
     RunCellRequest,
     RunCellResponse,
     RunCodeRequest,
@@ -33,7 +34,7 @@ from sandbox.api import (
 )
 from sandbox.backends.base import Backend, BackendError, ExecRequest, ExecResult, available_languages
 from sandbox.config import SandboxConfig
-from sandbox.sessions import SessionLimit, SessionManager, SessionNotFound
+from sandbox.sessions import SessionConflict, SessionLimit, SessionManager, SessionNotFound
 
 log = logging.getLogger("sandbox")
 
@@ -233,6 +234,10 @@ def create_app(cfg: SandboxConfig | None = None, *, token: str | None = None) ->
     async def _missing(request: Request, exc: SessionNotFound):
         return JSONResponse({"detail": exc.args[0]}, status_code=404)
 
+    @app.exception_handler(SessionConflict)
+    async def _conflict(request: Request, exc: SessionConflict):
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
     @app.exception_handler(SessionLimit)
     async def _full(request: Request, exc: SessionLimit):
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
@@ -277,10 +282,24 @@ def create_app(cfg: SandboxConfig | None = None, *, token: str | None = None) ->
         if ttl > cfg.max_idle_ttl_s:
             raise BadRequest(f"idle_ttl_s: {ttl} exceeds the maximum of {cfg.max_idle_ttl_s:g}")
         try:
-            session = await svc.sessions.create("python", svc.memory_mb(req.memory_limit_MB), ttl)
+            session = await svc.sessions.create("python", svc.memory_mb(req.memory_limit_MB), ttl, req.forkable)
         except BackendError as e:
             return JSONResponse({"detail": f"could not start a session interpreter: {e}"}, status_code=500)
+        except ValueError as e:
+            raise BadRequest(f"forkable: {e}") from None
         return CreateSessionResponse(session_id=session.id)
+
+    @app.post("/sessions/{session_id}/fork", response_model=ForkSessionResponse)
+    async def fork_session(session_id: str, n: int = 1):
+        if not 1 <= n <= cfg.max_sessions:
+            raise BadRequest(f"n: {n} must be in [1, {cfg.max_sessions}] (max_sessions)")
+        svc.sessions.get(session_id)
+        async with svc.admission.slot():
+            try:
+                children = await svc.sessions.fork(session_id, n)
+            except BackendError as e:
+                return JSONResponse({"detail": f"could not fork session {session_id!r}: {e}"}, status_code=500)
+        return ForkSessionResponse(session_ids=[child.id for child in children])
 
     @app.post("/sessions/{session_id}/run", response_model=RunCellResponse)
     async def run_cell(session_id: str, req: RunCellRequest):

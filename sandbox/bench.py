@@ -2,6 +2,7 @@
 
     agentrl bench sandbox [--requests 200] [--concurrency 1,8,32] [--cells 200] [--url http://...]
     agentrl bench sandbox --language cpp [--requests 40] [--concurrency 1,4]
+    agentrl bench sandbox --fork [--forks 8] [--state-mb 100]      (sandbox/bench_fork.py)
 
 Starts its own service (bwrap + cgroups, full isolation) unless --url is given, runs the same trivial snippet
 through the HTTP API and as bare processes in the same run, and prints requests/s, p50/p99 latency and the
@@ -38,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default=None, help="comma-separated concurrency levels (default 1,8,32; "
                                                         "1,4 for cpp)")
     p.add_argument("--cells", type=int, default=200, help="cells run in one warm session")
+    p.add_argument("--fork", action="store_true",
+                   help="n sessions in a prepared state: fork one vs run the setup n times (bench_fork.py)")
+    p.add_argument("--forks", type=int, default=8, help="with --fork: sessions to prepare (n)")
+    p.add_argument("--state-mb", type=int, default=100, help="with --fork: size of the setup's numpy array")
     p.add_argument("--url", default=None, help="benchmark a running service instead of starting one")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="SandboxConfig override for the service this benchmark starts")
@@ -268,6 +273,16 @@ def run(args: argparse.Namespace) -> int:
         args.requests = args.requests or 200
         args.concurrency = args.concurrency or "1,8,32"
     bench = _bench_cpp if args.language == "cpp" else _bench
+    if args.fork:
+        from sandbox.bench_fork import bench_fork
+
+        if args.forks < 1 or args.state_mb < 1:
+            print("error: --forks and --state-mb must be at least 1", file=sys.stderr)
+            return 2
+        args.overrides = [f"max_sessions={2 * args.forks + 2}", *args.overrides]
+
+        def bench(url: str, args: argparse.Namespace):
+            return bench_fork(url, args, _service_cpu_s)
     if args.url:
         return asyncio.run(bench(args.url.rstrip("/"), args))
     port = free_port()

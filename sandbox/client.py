@@ -162,15 +162,29 @@ class SandboxClient:
                                 SANDBOX_ERROR)
 
     async def create_session(self, language: str = "python", memory_limit_MB: int = 512,
-                             idle_ttl_s: float = 600) -> str:
-        """Start a stateful interpreter; returns its session id (use it with run_cell / delete_session)."""
+                             idle_ttl_s: float = 600, forkable: bool = False) -> str:
+        """Start a stateful interpreter; returns its session id (use it with run_cell / delete_session; a
+        `forkable` one also with fork)."""
         base = self._pick_url()
-        body = {"language": language, "memory_limit_MB": memory_limit_MB, "idle_ttl_s": idle_ttl_s}
+        body = {"language": language, "memory_limit_MB": memory_limit_MB, "idle_ttl_s": idle_ttl_s,
+                "forkable": forkable}
         resp = await self._request("POST", base, "/sessions", json=body, timeout=self.timeout, retry=True)
         self._check_4xx(resp, "session creation")
         session_id = resp.json()["session_id"]
         self._session_url[session_id] = base
         return session_id
+
+    async def fork(self, session_id: str, n: int) -> list[str]:
+        """`n` new sessions whose state is `session_id`'s now (copy-on-write), on the same service. Not retried
+        (a fork that timed out may have made sessions; they are reaped when idle)."""
+        base = self._session_url.get(session_id, self.base_urls[0])
+        resp = await self._request("POST", base, f"/sessions/{session_id}/fork?n={int(n)}", json=None,
+                                   timeout=self.timeout + 2.0 * n, retry=False)
+        self._check_4xx(resp, f"forking session {session_id}")
+        children = resp.json()["session_ids"]
+        for child in children:
+            self._session_url[child] = base
+        return children
 
     async def run_cell(self, session_id: str, code: str, timeout: float = 10) -> dict:
         """Run one cell in a session: {status: ok|error|timeout, stdout, stderr, error, execution_count,

@@ -52,13 +52,19 @@ def supported() -> bool:
     return platform.machine() == "x86_64"
 
 
-def build_filter() -> bytes:
-    """The BPF program (struct sock_filter[]) that bwrap installs before exec'ing the sandboxed command."""
+# What a fork source (a forkable session, see fork_src.py) may call beyond the others: the forked child makes its
+# own namespaces (a nested user namespace first) and mounts, then stacks the full filter before any cell runs.
+FORK_SOURCE_ALLOWED = ("unshare", "mount")
+
+
+def build_filter(allow: tuple[str, ...] = ()) -> bytes:
+    """The BPF program (struct sock_filter[]) that bwrap installs before exec'ing the sandboxed command; `allow`
+    takes names off the deny list (a fork source's FORK_SOURCE_ALLOWED)."""
     if not supported():
         raise RuntimeError(f"no seccomp syscall table for {platform.machine()}")
     deny_eperm = _SECCOMP_RET_ERRNO | errno.EPERM
     deny_enosys = _SECCOMP_RET_ERRNO | errno.ENOSYS
-    numbers = sorted(DENIED_X86_64.values())
+    numbers = sorted(nr for name, nr in DENIED_X86_64.items() if name not in allow)
     prog = [
         _insn(_LD_W_ABS, 0, 0, 4),                       # A = seccomp_data.arch
         _insn(_JEQ_K, 1, 0, AUDIT_ARCH_X86_64),          # native ABI -> skip the next instruction

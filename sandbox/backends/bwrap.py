@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -235,6 +236,7 @@ class Warm:
         # program's process, so no program can read it (the supervisor is not dumpable) and forge the end.
         self.marker = b""
         self.drains: list[asyncio.Task] = []  # readers of its stdout/stderr during a request
+        self.fork_sock: socket.socket | None = None  # a fork source's: its children's fds go through it
 
     @property
     def returncode(self) -> int | None:
@@ -312,6 +314,8 @@ class Warm:
 
     def close_pipes(self) -> None:
         self._results.close()
+        if self.fork_sock is not None:
+            self.fork_sock.close()
         if self._stdio is not None:
             for end in self._stdio:
                 end.close()
@@ -381,7 +385,8 @@ class BwrapBackend:
                                "Pass --allow-unsafe to run anyway")
         if self.isolate and self.cgroups is not None and os.geteuid() == 0 and self.cfg.zygote:
             config = {**layout(self.cfg, self.prefix, WORKDIR, ETC_FILES, root_tops()), "uid": SANDBOX_UID,
-                      "seccomp": seccomp.build_filter() if self.seccomp else None}
+                      "seccomp": seccomp.build_filter() if self.seccomp else None,
+                      "seccomp_fork": seccomp.build_filter(seccomp.FORK_SOURCE_ALLOWED) if self.seccomp else None}
             try:
                 config["nsutil"] = await asyncio.to_thread(nsutil.build)
                 self.zygote = Zygote(self.python, sandbox_env(self.prefix), config, on_exit=self._zygote_exited)
@@ -493,18 +498,31 @@ class BwrapBackend:
         cg = self.cgroups.acquire()
         cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
         (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(4))
+        theirs = ours = None
+        if request.get("session", {}).get("forkable"):  # a fork source: a socket for its children's fds
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            ours.setblocking(False)  # a source that never takes its children's fds must not block the service
         try:
             await zygote.spawn({**request, "cgroup_procs": _joins(cg, session="session" in request),
-                                "host_uid": cg.host_uid}, (in_r, out_w, err_w, res_w))
+                                "host_uid": cg.host_uid},
+                               (in_r, out_w, err_w, res_w, *([theirs.fileno()] if theirs else [])))
         except BaseException:
             for fd in (in_w, out_r, err_r, res_r):
                 os.close(fd)
+            if ours is not None:
+                ours.close()
             self.cgroups.release(cg)
             raise
         finally:
             for fd in (in_r, out_w, err_w, res_w):
                 os.close(fd)
+            if theirs is not None:
+                theirs.close()
         warm = Warm(FdReader(res_r), cg, stdio=(FdWriter(in_w), FdReader(out_r), FdReader(err_r)))
+        warm.fork_sock = ours
+        return await self._await_ready(warm)
+
+    async def _await_ready(self, warm: Warm) -> Warm:
         try:
             ready = await asyncio.wait_for(read_frame(warm.results), 30)
         except asyncio.TimeoutError:
@@ -698,19 +716,82 @@ class BwrapBackend:
             return None
         return frame
 
-    async def open_session(self, language: str, memory_mb: int) -> SessionProc:
+    async def open_session(self, language: str, memory_mb: int, forkable: bool = False) -> SessionProc:
         if language != "python":
             raise ValueError(f"sessions support language 'python' only, got {language!r}")
+        if forkable and self.session_zygote is None:
+            raise ValueError("forkable sessions need the zygote backend (the service as root with cgroups, "
+                             "zygote: true)")
 
         async def spawn() -> Warm:
             if self.zygote is not None:
-                session = {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit}
+                session = {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit, "forkable": forkable}
                 return await self._spawn_zygote({"session": session}, memory_mb)
             return await self._spawn(SESSION_SRC, [str(self.cfg.max_file_bytes), str(self.cfg.nofile_limit)],
                                      memory_mb)
 
         proc = SessionProc(spawn, self._dispose, self.cfg)
         await proc.start()
+        return proc
+
+    async def fork_session(self, source: SessionProc, n: int, memory_mb: int) -> list[SessionProc]:
+        """`n` sessions forked from `source`'s interpreter as it is now (fork_src.py), each with a cgroup, pipes
+        and limits of its own; when one cannot start, none is kept and BackendError says why."""
+        sock = source.warm.fork_sock if source.warm is not None else None
+        if sock is None:
+            raise ValueError("not a fork source")
+        children: list[Warm] = []
+        try:
+            for _ in range(n):
+                cg = self.cgroups.acquire()
+                cg.set_limits(memory_bytes=memory_mb << 20, pids=self.cfg.pids_limit, cpus=self.cfg.cpu_quota)
+                (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(4))
+                children.append(Warm(FdReader(res_r), cg, stdio=(FdWriter(in_w), FdReader(out_r), FdReader(err_r))))
+                theirs = [in_r, out_w, err_w, res_w]
+                try:
+                    theirs += [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in _joins(cg, session=True)]
+                    socket.send_fds(sock, [b"child"], theirs)
+                except BlockingIOError:
+                    raise BackendError("the fork source does not take its children's fds") from None
+                finally:
+                    for fd in theirs:
+                        os.close(fd)
+            await source.fork(n)
+        except BaseException:
+            for warm in children:
+                await self._dispose(warm)
+            raise
+        started: list[SessionProc] = []
+        error = None
+        for warm in children:
+            if error is not None:
+                await self._dispose(warm)
+                continue
+            try:
+                started.append(await self._child_session(await self._await_ready(warm), memory_mb,
+                                                         source.execution_count))
+            except BackendError as e:  # _await_ready disposed of it
+                error = e
+        if error is not None:
+            for proc in started:
+                await proc.close()
+            raise error
+        return started
+
+    async def _child_session(self, warm: Warm, memory_mb: int, execution_count: int) -> SessionProc:
+        """A forked child's SessionProc: it starts on `warm`; a restart gives it a fresh (non-forkable)
+        interpreter, as any session's."""
+        first = [warm]
+
+        async def spawn() -> Warm:
+            if first:
+                return first.pop()
+            session = {"fsize": self.cfg.max_file_bytes, "nofile": self.cfg.nofile_limit, "forkable": False}
+            return await self._spawn_zygote({"session": session}, memory_mb)
+
+        proc = SessionProc(spawn, self._dispose, self.cfg)
+        await proc.start()
+        proc.execution_count = execution_count
         return proc
 
     async def close(self) -> None:

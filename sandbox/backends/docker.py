@@ -217,9 +217,12 @@ class DockerBackend:
         finally:
             await asyncio.to_thread(self._remove, container)
 
-    async def open_session(self, language: str, memory_mb: int):
+    async def open_session(self, language: str, memory_mb: int, forkable: bool = False):
         raise BackendError("sessions are offered by the bwrap backend only (docker exec has no private result "
                            "channel); start the service with --backend bwrap for sessions")
+
+    async def fork_session(self, source, n: int, memory_mb: int):
+        raise ValueError("forks are offered by the bwrap backend's zygote only")
 
     async def close(self) -> None:
         self._closing = True

@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Awaitable, Callable
 
-from sandbox.backends.base import encode_frame, read_frame
+from sandbox.backends.base import BackendError, encode_frame, read_frame
 from sandbox.config import SandboxConfig
 from sandbox.output import HeadTail
 
@@ -212,6 +212,29 @@ class SessionProc:
             return {"status": status, "stdout": bufs[0].text(), "stderr": bufs[1].text(), "error": error,
                     "execution_count": self.execution_count, "restarted": restarted, "exit_reason": reason,
                     "truncated": bufs[0].truncated or bufs[1].truncated, "execution_time": round(elapsed, 4)}
+
+    async def fork(self, n: int, timeout: float = 60.0) -> None:
+        """Have the interpreter fork `n` times, between cells (the children's fds are already on its fork
+        socket); BackendError if it is dead or does not answer, ValueError with its reason if it refused."""
+        async with self.lock:
+            if not self.alive:
+                raise BackendError("its interpreter is not running (it died or was restarted)")
+            cg = self.warm.cgroup
+            if cg is not None:
+                cg.thaw()
+            fork_id = uuid.uuid4().hex
+            try:
+                await self._send({"op": "fork", "id": fork_id, "n": n})
+                frame = await self._wait_result(fork_id, timeout)
+            except (BrokenPipeError, ConnectionResetError, asyncio.TimeoutError):
+                frame = None
+            finally:
+                if self.alive and cg is not None:
+                    cg.freeze()
+            if frame is None:
+                raise BackendError("its interpreter did not answer the fork (it died or timed out)")
+            if frame.get("error"):
+                raise ValueError(str(frame["error"]))
 
     async def _wait_limited(self, cell_id: str, timeout: float) -> dict | None:
         """Wait for the result, giving up early (as a timeout) when the cell floods its output."""

@@ -19,18 +19,24 @@ if __name__ == "<prelude>":
 
 
 class Session:
-    def __init__(self, ctl_fd, result_fd):
+    def __init__(self, ctl_fd, result_fd, forker=None):
         import builtins
-        import queue
-        import threading
         import types
 
-        self.ctl_fd, self.result_fd = ctl_fd, result_fd
         self.main = types.ModuleType("__main__")
         self.main.__dict__["__builtins__"] = builtins
         sys.modules["__main__"] = self.main
         sys.path.insert(0, "")
         sys.argv = [""]
+        self.forker = forker  # a fork source's (fork_src.py): called in each forked child
+        self._connect(ctl_fd, result_fd)
+
+    def _connect(self, ctl_fd, result_fd):
+        """Serve on these fds, with fresh cell bookkeeping (a forked child's state has its source's)."""
+        import queue
+        import threading
+
+        self.ctl_fd, self.result_fd = ctl_fd, result_fd
         self.cells = queue.Queue()
         self.lock = threading.Lock()
         self.current = None
@@ -45,7 +51,7 @@ class Session:
                 msg = json.loads(_read_exact(self.ctl_fd, int.from_bytes(_read_exact(self.ctl_fd, 4), "big")))
             except (EOFError, OSError, ValueError):
                 os._exit(0)  # the host is gone: end the session
-            if msg["op"] == "cell":
+            if msg["op"] in ("cell", "fork"):
                 self.cells.put(msg)
             elif msg["op"] == "interrupt":
                 with self.lock:
@@ -93,10 +99,62 @@ class Session:
         while True:
             try:
                 cell = self.cells.get()
+                if cell["op"] == "fork":
+                    if self.fork(cell):  # a forked child's interpreter: serve its own pipes from here on
+                        return self.serve()
+                    continue
                 error = self.run_cell(cell)
             except KeyboardInterrupt:  # an interrupt that arrived just as the cell ended
                 continue
             self.finish(cell, error)
+
+    def fork(self, msg):
+        """Fork once per child the service announced on the fork socket (fd 4: the child's stdin, stdout,
+        stderr, result fd and cgroup.procs fds). True in a child's interpreter (its fds in place), False here
+        after the result frame `{"id", "error"}`."""
+        import _socket
+
+        sock = _socket.socket(fileno=os.dup(4))
+        fd_size = len((0).to_bytes(4, sys.byteorder))
+        error, started = None, []
+        if self.forker is None:
+            error = "this session is not a fork source"
+        else:
+            error = self.forker(None, None, None)
+        for _ in range(msg["n"]):
+            _data, ancillary, _, _ = sock.recvmsg(1 << 12, _socket.CMSG_SPACE(16 * fd_size))
+            fds = []
+            for level, kind, payload in ancillary:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    fds += [int.from_bytes(payload[i:i + fd_size], sys.byteorder)
+                            for i in range(0, len(payload) - len(payload) % fd_size, fd_size)]
+            if error is None and len(fds) >= 4:
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except (OSError, ValueError):
+                        pass
+                pid = os.fork()
+                if pid == 0:
+                    source_fds = {self.ctl_fd, self.result_fd, 4, sock.detach()}  # closed by the forker
+                    self.forker(fds[:4], fds[4:], source_fds)
+                    ctl = os.dup(0)
+                    null = os.open("/dev/null", os.O_RDONLY)
+                    os.dup2(null, 0)
+                    os.close(null)
+                    os.set_inheritable(ctl, False)
+                    os.set_inheritable(3, False)
+                    self.forker = None  # a child is no fork source: its filter is the full one
+                    self._connect(ctl, 3)
+                    return True
+                started.append(pid)
+            for fd in fds:
+                os.close(fd)
+        sock.close()
+        for pid in started:  # each C exits once G, its child's pid 1, runs (they tear down side by side)
+            os.waitpid(pid, 0)
+        _frame(self.result_fd, {"id": msg["id"], "error": error})
+        return False
 
     def finish(self, cell, error):
         for _attempt in range(3):
@@ -131,8 +189,9 @@ def main():
     _serve_session(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
 
 
-def _serve_session(result_fd, fsize, nofile):
-    """The session's interpreter: control frames on stdin, results on `result_fd`. Never returns."""
+def _serve_session(result_fd, fsize, nofile, forker=None):
+    """The session's interpreter: control frames on stdin, results on `result_fd` (a fork source: `forker`).
+    Never returns."""
     import resource
 
     for name, value in (("RLIMIT_FSIZE", fsize), ("RLIMIT_NOFILE", nofile), ("RLIMIT_CORE", 0)):
@@ -144,7 +203,7 @@ def _serve_session(result_fd, fsize, nofile):
     for fd in (ctl_fd, result_fd):
         os.set_inheritable(fd, False)
     sys.argv = [""]
-    Session(ctl_fd, result_fd).serve()
+    Session(ctl_fd, result_fd, forker).serve()
 
 
 if __name__ == "__main__":

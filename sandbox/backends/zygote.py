@@ -23,12 +23,14 @@ _HERE = Path(__file__).resolve().parent
 
 
 def zygote_source() -> str:
-    """prelude + runner + session (without their `__main__` calls) + zygote: one program, run by python_argv."""
+    """prelude + runner + session (without their `__main__` calls) + nsops + fork + zygote: one program, run
+    by python_argv."""
     parts = []
     for name in ("runner_src.py", "session_src.py"):
         text = (_HERE / name).read_text()
         parts.append(text[:text.rindex('if __name__ == "__main__":')])
-    return "\n\n".join([(_HERE / "prelude_src.py").read_text(), *parts, (_HERE / "zygote_src.py").read_text()])
+    own = [(_HERE / name).read_text() for name in ("nsops_src.py", "fork_src.py", "zygote_src.py")]
+    return "\n\n".join([(_HERE / "prelude_src.py").read_text(), *parts, *own])
 
 
 def layout(cfg: SandboxConfig, prefix: str, workdir: str, etc_files: tuple[str, ...],
@@ -119,9 +121,10 @@ class Zygote:
         if self.proc is proc and self.on_exit is not None:
             self.on_exit()
 
-    async def spawn(self, request: dict, fds: tuple[int, int, int, int]) -> None:
+    async def spawn(self, request: dict, fds: tuple[int, ...]) -> None:
         """Ask for one sandbox (`request`: `cgroup_procs`, and `session` for a session's interpreter) with these
-        pipe ends as its stdin, stdout, stderr and result fd (the caller closes its copies). Raises
+        pipe ends as its stdin, stdout, stderr and result fd, and a fork source's fork socket as a fifth (the
+        caller closes its copies). Raises
         BackendError if the zygote is gone."""
         if not self.alive or self.sock is None:
             raise BackendError("the sandbox zygote is not running")

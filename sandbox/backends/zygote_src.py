@@ -32,20 +32,33 @@ import sys
 # The backend prepends these definitions to this text (bwrap.py, zygote.py); declared here for readers and
 # linters, never imported: `__name__` is "__main__" wherever this runs.
 if __name__ == "<prelude>":
+    from sandbox.backends.fork_src import _fork_child, _fork_refusal
+    from sandbox.backends.nsops_src import (
+        _CLONE,
+        _MNT_DETACH,
+        _MS_BIND,
+        _MS_NODEV,
+        _MS_NOEXEC,
+        _MS_NOSUID,
+        _MS_PRIVATE,
+        _MS_RDONLY,
+        _MS_REC,
+        _MS_REMOUNT,
+        _PR_SET_DUMPABLE,
+        _PR_SET_PDEATHSIG,
+        _bind_ro,
+        _loopback_up,
+        _mount_proc,
+        _serve_as_init,
+        _write_text,
+    )
     from sandbox.backends.prelude_src import _frame, _read_exact
     from sandbox.backends.runner_src import _prepare, _supervise
     from sandbox.backends.session_src import _serve_session
 
-_CLONE = {"ns": 0x00020000, "cgroup": 0x02000000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
-          "pid": 0x20000000, "net": 0x40000000}
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_MNT_DETACH = 2
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
              ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"), ("ptmx", "pts/ptmx"))
-PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")  # bound read-only over the sandbox's /proc, as bwrap does
 
 
 class _Kernel:
@@ -75,24 +88,8 @@ class _Kernel:
         self.native.drop_privileges(self.cap_last, self.seccomp_filter)
 
 
-def _write_text(path, text):
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise OSError(e.errno, "writing %r to %s: %s" % (text, path, e.strerror)) from None
-
-
 def _touch(path):
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-
-
-def _bind_ro(kernel, source, target, flags=_MS_NOSUID | _MS_NODEV):
-    kernel.mount(source, target, None, _MS_BIND)
-    kernel.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | flags)
 
 
 def _build_template(kernel, cfg):
@@ -147,15 +144,10 @@ def _build_template(kernel, cfg):
     kernel.mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "mode=0755")  # superblock
 
 
-def _mount_own(kernel, cfg, uid):
-    """A sandbox's own mounts over its copy of the template: /proc of its pid namespace (with bwrap's read-only
-    covers), a devpts instance, and fresh size-limited tmpfs for /dev/shm, /tmp and the work dir, owned by the
-    sandbox's host uid."""
-    kernel.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    for name in PROC_COVERED:
-        path = "/proc/" + name
-        if os.path.exists(path):
-            _bind_ro(kernel, path, path, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+def _mount_own(kernel, cfg, uid, covers=True):
+    """A sandbox's own mounts over its copy of the template: /proc of its pid namespace, a devpts instance, and
+    fresh size-limited tmpfs for /dev/shm, /tmp and the work dir, owned by the sandbox's host uid."""
+    _mount_proc(kernel, covers)
     kernel.mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
     size = "size=%d,mode=0755,uid=%d,gid=%d" % (cfg["tmpfs_bytes"], uid, uid)
     for path in ("/dev/shm", "/tmp", cfg["workdir"]):
@@ -193,19 +185,6 @@ def _make_template(kernel, cfg):
         os.waitpid(pid, 0)
 
 
-def _loopback_up():
-    """`lo` up in the sandbox's network namespace (127.0.0.1 only; no other interface exists), as bwrap does."""
-    import _socket
-    import fcntl
-
-    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
-    try:
-        fcntl.ioctl(sock.fileno(), 0x8914, b"lo".ljust(16, b"\0") + (0x1 | 0x8 | 0x40).to_bytes(2, "little")
-                    + bytes(22))  # SIOCSIFFLAGS: IFF_UP | IFF_LOOPBACK | IFF_RUNNING
-    finally:
-        sock.close()
-
-
 def _init(kernel, cfg, session, host_uid):
     """I: pid 1 of the sandbox's pid namespace. Mounts its own, becomes the sandbox's host uid, drops every
     privilege, runs the runner's supervisor. Returns only in the program's process, by its SystemExit going up to
@@ -219,7 +198,8 @@ def _init(kernel, cfg, session, host_uid):
         os.setgroups([])
         if host_uid is None:  # a service that is not root: the sandbox maps onto its own (unprivileged) uid
             host_uid = os.geteuid()
-        _mount_own(kernel, cfg, host_uid)
+        forkable = session is not None and session.get("forkable")
+        _mount_own(kernel, cfg, host_uid, covers=not forkable)
         import _socket
 
         _socket.sethostname(cfg["hostname"])
@@ -237,7 +217,10 @@ def _init(kernel, cfg, session, host_uid):
         _write_text("/proc/self/gid_map", "%d %d 1" % (cfg["uid"], host_uid))
         os.setsid()
         os.chdir(cfg["workdir"])
-        kernel.drop_privileges()
+        if forkable:  # its children stack the full filter (fork_src.py)
+            kernel.native.drop_privileges(kernel.cap_last, cfg["seccomp_fork"])
+        else:
+            kernel.drop_privileges()
         kernel.prctl(_PR_SET_DUMPABLE, 0)  # the program (same uid) cannot open /proc/1/mem or ptrace I
         kernel.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
     except BaseException as e:  # noqa: BLE001 - any setup failure is the host's infra error
@@ -257,18 +240,16 @@ def _init(kernel, cfg, session, host_uid):
     pid = os.fork()
     if pid == 0:
         program_setup()
-        _serve_session(3, session["fsize"], session["nofile"])
-    while True:
-        try:
-            done, status = os.waitpid(-1, 0)
-        except InterruptedError:
-            continue
-        if done == pid:
-            break
-    try:
-        _frame(3, {"runner_exit": os.waitstatus_to_exitcode(status)})
-    finally:
-        os._exit(0)
+        forker = None
+        if forkable:
+            def forker(fds, procs, source_fds):
+                """With fds None: why the source cannot fork now, or None; else this new fork becomes a child."""
+                if fds is None:
+                    return _fork_refusal(cfg)
+                _fork_child(kernel, cfg, fds, procs, source_fds)
+
+        _serve_session(3, session["fsize"], session["nofile"], forker)
+    _serve_as_init(pid)
 
 
 def _setup_failed(error, status):
@@ -311,11 +292,12 @@ def _into_sandbox(kernel, cfg, fds, procs, session, host_uid):
     """The sandbox's pid 1, just forked: its stdio and result fd in place, into its cgroups, then _init."""
     import fcntl
 
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (*fds, *procs)]  # out of the way of 0..3
-    for target, fd in enumerate(high[:4]):
+    # out of the way of 0..3 (0..4 for a fork source: its fork socket is fd 4)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (*fds, *procs)]
+    for target, fd in enumerate(high[:len(fds)]):
         os.dup2(fd, target)
-    procs = high[4:]
-    os.closerange(4, procs[0])
+    procs = high[len(fds):]
+    os.closerange(len(fds), procs[0])
     os.closerange(procs[-1] + 1, 1 << 16)
     try:
         for fd in procs:  # every process of this sandbox is born inside its cgroups
@@ -374,7 +356,7 @@ def _zygote_main():
     fd_size = len((0).to_bytes(4, sys.byteorder))
     while True:
         try:
-            data, ancillary, _, _ = ctrl.recvmsg(1 << 16, _socket.CMSG_SPACE(4 * fd_size))
+            data, ancillary, _, _ = ctrl.recvmsg(1 << 16, _socket.CMSG_SPACE(5 * fd_size))
         except InterruptedError:
             continue
         if not data:
@@ -386,7 +368,7 @@ def _zygote_main():
                         for i in range(0, len(payload) - len(payload) % fd_size, fd_size)]
         request = marshal.loads(data)
         procs = []
-        if len(fds) == 4:
+        if len(fds) == 4 or len(fds) == 5 and request.get("session", {}).get("forkable"):
             try:
                 pid, procs = _make_sandbox(kernel, cfg, host_ns, request["cgroup_procs"])
             except OSError as e:  # reported on the sandbox's own result pipe; the zygote serves on

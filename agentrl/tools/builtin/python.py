@@ -7,6 +7,19 @@ service's `--tool-kwargs` or the in-process `tools_kwargs`, plus `"sandbox_token
 started with a token. A fault of the code (exception, time limit, memory
 limit) is a normal observation for the model; a fault of the sandbox raises `ToolInfraError`, so the episode is
 marked infra-failed instead of being trained on.
+
+A task may prepare the interpreter: `tools_kwargs: {"python": {"setup": "import numpy\ndata = ..."}}`. The setup
+then runs once, in a fork source session (`forkable`), and each episode's interpreter is a fork of it
+(`POST /sessions/{id}/fork`): a group of rollouts branches from one prepared state instead of rebuilding it n
+times. The source is shared by every open episode with the same setup, sandbox and token, and deleted when the
+last of them closes. A setup that fails is the task's fault, never the model's: an infra error.
+
+An episode survives the loss of its interpreter (the sandbox service restarted, the session reaped): the tool
+keeps a replay log of the cells that built the state and, when the sandbox no longer knows the session, opens a
+new one in the episode's first state (fresh, or a fork of the setup), replays the log and runs the cell; the
+result's metrics say `sandbox_restored` and `replayed_cells`. Cells are replayed, not their files snapshotted:
+what they wrote is written again. A state built by a timed-out cell (partial effects) is not rebuilt: the episode
+is then an infra error as before.
 """
 
 from __future__ import annotations
@@ -14,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 from agentrl.auth import ServiceAuthError
-from agentrl.tools.base import ToolError, ToolInfraError, tool
+from agentrl.tools.base import ToolError, ToolInfraError, ToolResult, tool
 from sandbox.client import SandboxClient, SandboxInfraError, SandboxRequestError, SessionNotFoundError, cell_to_text
 
 log = logging.getLogger(__name__)
@@ -38,32 +52,142 @@ def _client(sandbox_url: str, token_file: str | None) -> SandboxClient:
 
 
 @dataclass
+class _Source:
+    """A fork source that ran a task's setup, and how many open episodes hold a fork of it."""
+
+    key: tuple
+    session_id: str
+    users: int = 0
+
+
+# Per event loop: (sandbox url, token file, setup, memory limit) -> its fork source, and a lock per key (a source
+# forks one request at a time; the first episode runs the setup while the others wait).
+_SOURCES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, _Source]] = weakref.WeakKeyDictionary()
+_SOURCE_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary())
+
+
+@dataclass
 class PythonSession:
     client: SandboxClient
     session_id: str
     cell_timeout_s: float
+    reopen: Callable[[], Awaitable[tuple[str, _Source | None]]]  # a new interpreter in the episode's first state
+    source: _Source | None = None  # the fork source this session was forked from (a task's setup)
+    replay: list[str] = field(default_factory=list)  # the cells that made the interpreter's state, in order
+    replayable: bool = True  # False once a cell timed out (its effects were partial) or a forked one restarted
 
     async def aclose(self) -> None:
         try:
             await self.client.delete_session(self.session_id)
         except (SandboxInfraError, SandboxRequestError) as e:  # the sandbox reaps idle sessions itself
             log.warning("could not delete sandbox session %s: %s", self.session_id, e)
+        if self.source is not None:
+            await _release(self.client, self.source)
+
+    def record(self, code: str, cell: dict) -> None:
+        """Keep the replay log in step with the interpreter's state after `cell`."""
+        if cell["restarted"]:  # the sandbox started a fresh interpreter: the state it had is gone there too
+            ran = (cell.get("error") or {}).get("name") != "SessionRestarted" and cell["status"] != "timeout"
+            self.replay = [code] if ran else []
+            self.replayable = self.source is None  # a fork's restart is no fork of the setup: not rebuildable
+        elif cell["status"] == "timeout":
+            self.replayable = False
+        else:
+            self.replay.append(code)
+
+    async def restore(self) -> int:
+        """The sandbox lost this interpreter (service restarted, session reaped): open a new one in the episode's
+        first state and replay every cell that built the state; returns how many."""
+        if not self.replayable:
+            raise ToolInfraError(f"the sandbox lost interpreter session {self.session_id}, and its state cannot be "
+                                 "rebuilt (a cell timed out, or a forked interpreter restarted)", kind="sandbox_error")
+        if self.source is not None:
+            await _release(self.client, self.source)
+            self.source = None
+        self.session_id, self.source = await self.reopen()
+        for code in self.replay:
+            cell = await self.client.run_cell(self.session_id, code, timeout=self.cell_timeout_s)
+            if cell["restarted"] or cell["status"] == "timeout":
+                raise ToolInfraError(f"replaying the cells of a lost sandbox session did not rebuild its state (a "
+                                     f"cell {cell['status']}{', restarted' if cell['restarted'] else ''})",
+                                     kind="sandbox_error")
+        return len(self.replay)
+
+
+async def _release(client: SandboxClient, source: _Source) -> None:
+    source.users -= 1
+    if source.users > 0:
+        return
+    sources = _SOURCES.get(asyncio.get_running_loop(), {})
+    if sources.get(source.key) is source:
+        del sources[source.key]
+    try:
+        await client.delete_session(source.session_id)
+    except (SandboxInfraError, SandboxRequestError) as e:
+        log.warning("could not delete sandbox fork source %s: %s", source.session_id, e)
+
+
+async def _fork_prepared(client: SandboxClient, key: tuple, setup: str, setup_timeout_s: float,
+                         memory_limit_MB: int, idle_ttl_s: float) -> tuple[str, _Source]:
+    """A fork of the source that ran `setup` (made, and the setup run, by the first caller for `key`; made again
+    when the sandbox lost it)."""
+    loop = asyncio.get_running_loop()
+    sources = _SOURCES.setdefault(loop, {})
+    async with _SOURCE_LOCKS.setdefault(loop, {}).setdefault(key, asyncio.Lock()):
+        for attempt in range(2):
+            source = sources.get(key)
+            if source is None:
+                source_id = await client.create_session("python", memory_limit_MB=memory_limit_MB,
+                                                        idle_ttl_s=idle_ttl_s, forkable=True)
+                cell = await client.run_cell(source_id, setup, timeout=setup_timeout_s)
+                if cell["status"] != "ok":
+                    await client.delete_session(source_id)
+                    raise ToolInfraError(f"the task's python setup failed ({cell['status']}): "
+                                         f"{cell_to_text(cell)[:500]}", kind="sandbox_error")
+                source = sources[key] = _Source(key, source_id)
+            source.users += 1
+            try:
+                (child,) = await client.fork(source.session_id, 1)
+                return child, source
+            except SessionNotFoundError:  # the sandbox lost the source (restarted): prepare a new one
+                if sources.get(key) is source:
+                    del sources[key]
+                await _release(client, source)
+                if attempt:
+                    raise
+            except BaseException:
+                await _release(client, source)
+                raise
+    raise AssertionError("unreachable")
 
 
 async def python_session(sandbox_url: str | None = None, cell_timeout_s: float = 10.0, memory_limit_MB: int = 512,
-                         idle_ttl_s: float = 600.0, sandbox_token_file: str | None = None) -> PythonSession:
-    """Open one sandbox interpreter session (the `python` tool's per-episode state)."""
+                         idle_ttl_s: float = 600.0, sandbox_token_file: str | None = None, setup: str | None = None,
+                         setup_timeout_s: float = 120.0) -> PythonSession:
+    """Open one sandbox interpreter session (the `python` tool's per-episode state): a fresh interpreter, or with
+    `setup` a fork of the interpreter that ran it."""
     if not sandbox_url:
         raise ValueError("the python tool needs a sandbox: tools_kwargs {'python': {'sandbox_url': "
                          "'http://127.0.0.1:8080'}} or `--tool-kwargs` on the service")
     client = _client(sandbox_url, sandbox_token_file)
+
+    async def reopen() -> tuple[str, _Source | None]:
+        if not setup:
+            return await client.create_session("python", memory_limit_MB=memory_limit_MB, idle_ttl_s=idle_ttl_s), None
+        key = (sandbox_url, sandbox_token_file, setup, memory_limit_MB)
+        return await _fork_prepared(client, key, setup, setup_timeout_s, memory_limit_MB, idle_ttl_s)
+
     try:
-        session_id = await client.create_session("python", memory_limit_MB=memory_limit_MB, idle_ttl_s=idle_ttl_s)
+        session_id, source = await reopen()
     except SandboxInfraError as e:
         raise ToolInfraError(str(e), kind=e.kind) from None
     except ServiceAuthError as e:  # our token is missing or wrong: never the model's fault
         raise ToolInfraError(str(e), kind="server_error") from None
-    return PythonSession(client=client, session_id=session_id, cell_timeout_s=cell_timeout_s)
+    except SandboxRequestError as e:  # e.g. a sandbox without forkable sessions (no zygote)
+        raise ToolInfraError(f"the python tool could not prepare the task's setup: {e}", kind="sandbox_error") from None
+    return PythonSession(client=client, session_id=session_id, cell_timeout_s=cell_timeout_s, reopen=reopen,
+                         source=source)
 
 
 @tool(session_factory=python_session)
@@ -75,18 +199,24 @@ async def python(code: str, *, session: PythonSession) -> str:
     Args:
         code: Python source code to execute.
     """
+    metrics = {}
     try:
-        cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s)
+        try:
+            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s)
+        except SessionNotFoundError:  # the episode survives a lost interpreter: rebuilt, then the cell runs
+            metrics = {"sandbox_restored": 1, "replayed_cells": await session.restore()}
+            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s)
     except SandboxInfraError as e:
         raise ToolInfraError(str(e), kind=e.kind) from None
     except ServiceAuthError as e:
         raise ToolInfraError(str(e), kind="server_error") from None
     except SessionNotFoundError:
-        raise ToolInfraError(f"the sandbox lost interpreter session {session.session_id} (restarted or expired)",
-                             kind="sandbox_error") from None
+        raise ToolInfraError(f"the sandbox lost interpreter session {session.session_id} again while it was "
+                             "being restored", kind="sandbox_error") from None
     except SandboxRequestError as e:  # e.g. the code is over the sandbox's size limit: the model's doing
         raise ToolError(str(e)) from None
-    return cell_to_text(cell)
+    session.record(code, cell)
+    return ToolResult(content=cell_to_text(cell), metrics=metrics) if metrics else cell_to_text(cell)
 
 
 __all__ = ["PythonSession", "python", "python_session"]

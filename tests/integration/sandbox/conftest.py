@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import httpx
 import pytest
 from helpers import free_port, service
-from sandbox_testlib import SECRET, SERVICE_SETTINGS, bwrap_unavailable_reason
+from sandbox_testlib import SECRET, SERVICE_SETTINGS, bwrap_unavailable_reason, run, run_in_forked_session
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +28,18 @@ def sandbox_url():
 def http(sandbox_url):
     with httpx.Client(base_url=sandbox_url, timeout=60) as client:
         yield client
+
+
+@pytest.fixture(params=["run_code", "forked_session"])
+def program(request, http):
+    """Runs a program and answers in `/run_code`'s shape: through `/run_code`, then inside a forked session
+    (the adversarial checks hold for both)."""
+    if request.param == "run_code":
+        return functools.partial(run, http)
+    return functools.partial(run_in_forked_session, http)
+
+
+@pytest.fixture(params=["plain", "forked"])
+def session_kind(request):
+    """A session test runs on a plain session and on one forked from a fork source (sandbox_testlib)."""
+    return request.param

@@ -126,12 +126,12 @@ def test_endless_output_is_killed(http, stream):
 
 
 @pytest.mark.parametrize("where", ["/tmp", "."])
-def test_disk_fill_stops_at_tmpfs_size(http, where):
+def test_disk_fill_stops_at_tmpfs_size(http, program, where):
     code = (f"import os\ntotal = 0\ntry:\n    for i in range(10000):\n"
             f"        with open(os.path.join({where!r}, f'f{{i}}'), 'wb') as f:\n"
             "            f.write(b'0' * (4 * 2**20))\n        total += 4\nexcept OSError as e:\n"
             "    print(type(e).__name__, e.errno, total)")
-    body = run(http, code, run_timeout=10)
+    body = program(code, run_timeout=10)
     check(body, "Success", "exit")
     name, errno_, total = body["run_result"]["stdout"].split()
     assert name == "OSError" and errno_ == "28"  # ENOSPC
@@ -139,29 +139,29 @@ def test_disk_fill_stops_at_tmpfs_size(http, where):
     assert_benign(http)
 
 
-def test_single_file_size_is_capped_by_rlimit_fsize(http):
+def test_single_file_size_is_capped_by_rlimit_fsize(http, program):
     code = ("try:\n    with open('big', 'wb') as f:\n        f.write(b'0' * (40 * 2**20))\n"
             "except OSError as e:\n    print(e.errno)")
-    body = run(http, code)
+    body = program(code)
     check(body, "Success", "exit")
     assert body["run_result"]["stdout"].strip() == "27"  # EFBIG at max_file_bytes (32 MiB)
     assert_benign(http)
 
 
-def test_network_egress_and_dns_fail(http):
+def test_network_egress_and_dns_fail(http, program):
     code = ("import socket\nfor target in [('1.1.1.1', 53), ('127.0.0.1', 22)]:\n    try:\n"
             "        socket.create_connection(target, timeout=1)\n        print('CONNECTED', target)\n"
             "    except OSError as e:\n        print('blocked', type(e).__name__)\ntry:\n"
             "    socket.getaddrinfo('example.com', 80)\n    print('RESOLVED')\nexcept OSError as e:\n"
             "    print('dns blocked')\nimport os\nprint(sorted(os.listdir('/sys/class/net')) if os.path.exists('/sys') "
             "else 'no /sys')")
-    body = run(http, code)
+    body = program(code)
     out = body["run_result"]["stdout"]
     assert "CONNECTED" not in out and "RESOLVED" not in out and out.count("blocked") == 3, out
     assert_benign(http)
 
 
-def test_host_secrets_are_unreadable(http):
+def test_host_secrets_are_unreadable(http, program):
     source = str(Path(sandbox.__file__).resolve().parent / "app.py")
     code = (
         "import os, glob\n"
@@ -175,7 +175,7 @@ def test_host_secrets_are_unreadable(http):
         f"        if b{SECRET!r} in open(env, 'rb').read():\n            leak.append(env)\n"
         "    except OSError:\n        pass\nprint('environ leaks', leak)\n"
         f"print('env leak', any({SECRET!r} in v for v in os.environ.values()))")
-    body = run(http, code)
+    body = program(code)
     out = body["run_result"]["stdout"]
     assert "READ" not in out and out.count("denied") == 6, out
     visible = eval(out.split("root has ", 1)[1].splitlines()[0])
@@ -219,20 +219,20 @@ def test_bad_file_names_are_refused(http, field, value):
     assert_benign(http)
 
 
-def test_no_state_leaks_between_requests(http):
-    first = run(http, "import os\nopen('/tmp/leak', 'w').write('1')\nopen('leak', 'w').write('1')\n"
-                      "import subprocess\nsubprocess.Popen(['sleep', '4343.5'])\nprint(os.getpid())")
+def test_no_state_leaks_between_requests(http, program):
+    first = program("import os\nopen('/tmp/leak', 'w').write('1')\nopen('leak', 'w').write('1')\n"
+                    "import subprocess\nsubprocess.Popen(['sleep', '4343.5'])\nprint(os.getpid())")
     assert first["status"] == "Success"
-    second = run(http, "import os\n"
-                       "print(os.path.exists('/tmp/leak'), os.path.exists('leak'), sorted(os.listdir('.')))\n"
-                       "print([p for p in os.listdir('/proc') if p.isdigit()])")
+    second = program("import os\n"
+                     "print(os.path.exists('/tmp/leak'), os.path.exists('leak'), sorted(os.listdir('.')))\n"
+                     "print([p for p in os.listdir('/proc') if p.isdigit()])")
     lines = second["run_result"]["stdout"].splitlines()
     assert lines[0] == "False False ['main.py']"  # only this request's own script
     assert len(eval(lines[1])) <= 3  # bwrap's init, the runner, the program: no sleeper from the first request
     assert _gone("4343.5")
 
 
-def test_privilege_escalation_attempts_fail(http):
+def test_privilege_escalation_attempts_fail(http, program):
     code = r"""
 import ctypes, os, subprocess
 libc = ctypes.CDLL(None, use_errno=True)
@@ -258,7 +258,7 @@ results['nonewprivs'] = [l for l in open('/proc/self/status') if l.startswith('N
 results['uid'] = os.getuid()
 print(results)
 """
-    body = run(http, code)
+    body = program(code)
     check(body, "Success", "exit")
     results = eval(body["run_result"]["stdout"])
     assert results["setuid"] in (1, 22)  # EPERM, or EINVAL: uid 0 is not even mapped in the namespace
@@ -329,13 +329,13 @@ def test_health_reports_every_layer(http):
     assert {"queue_depth", "running", "live_sessions", "max_concurrency"} <= set(health)
 
 
-def test_interpreter_and_system_dirs_are_read_only(http):
+def test_interpreter_and_system_dirs_are_read_only(http, program):
     # The sandbox uid is mapped onto the service's uid, so read-only binds are what keeps the interpreter and
     # /usr from being poisoned for later requests (a .pth file would run in every sandbox).
     code = ("import sys, os, sysconfig\nfor d in [sysconfig.get_paths()['purelib'], sys.prefix, '/usr/lib', '/usr/bin',"
             " '/etc', '/']:\n    try:\n        open(os.path.join(d, 'evil.pth'), 'w').write('import os')\n"
             "        print('WROTE', d)\n    except OSError as e:\n        print(e.errno)")
-    body = run(http, code)
+    body = program(code)
     check(body, "Success", "exit")
     assert body["run_result"]["stdout"].split() == ["30"] * 6, body  # EROFS everywhere
     assert_benign(http)
@@ -348,14 +348,14 @@ def test_language_is_required_and_must_be_installed(http):
     assert resp.status_code == 400 and "available" in resp.json()["detail"] and "python" in resp.json()["detail"]
 
 
-def test_environment_is_exactly_the_documented_one(http):
+def test_environment_is_exactly_the_documented_one(http, program):
     from sandbox.backends.bwrap import python_runtime, sandbox_env
 
     code = ("import glob, os\nprint(sorted(os.environ.items()))\nenvirons = {}\n"
             "for p in glob.glob('/proc/[0-9]*/environ'):\n"
             "    try:\n        environs[p] = open(p, 'rb').read()\n"
             "    except PermissionError:\n        environs[p] = 'unreadable'\nprint(environs)")
-    body = run(http, code)
+    body = program(code)
     env_line, procs_line = body["run_result"]["stdout"].splitlines()
     expected = sandbox_env(python_runtime()[1])
     assert eval(env_line) == sorted(expected.items())

@@ -28,3 +28,16 @@ def test_bench_sandbox_small_run():
     assert "CPU per request" in out.stdout and "isolated/bare -I -S" in out.stdout
     assert "session open + one cell + close" in out.stdout
     assert "wrong results: isolated 0, bare 0; SandboxError: 0" in out.stdout
+
+
+def test_bench_sandbox_fork_smallest_run():
+    if reason := bwrap_unavailable_reason():
+        pytest.skip(reason)
+    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "bench", "sandbox", "--fork", "--forks", "2",
+                          "--state-mb", "1"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 4]
+    assert [row[0].strip() for row in rows] == ["way to n prepared sessions", "setup x n", "1 setup + fork n",
+                                               "fork n (source prepared)"], out.stdout
+    assert all(row[1].strip() == "2" for row in rows[1:]), out.stdout
+    assert "ratio setup x n / (1 setup + fork n)" in out.stdout and "wrong results: 0" in out.stdout

@@ -9,7 +9,6 @@ outcome, then that the service still answers.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import stat
@@ -17,7 +16,7 @@ import time
 
 import httpx
 import pytest
-from sandbox_testlib import assert_benign, bwrap_unavailable_reason, check, run, sandbox_service
+from sandbox_testlib import assert_benign, bwrap_unavailable_reason, check, python_session, run, sandbox_service
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +37,12 @@ def any_http(request, sandbox_url):
         yield client
 
 
-@contextlib.contextmanager
-def _session(http: httpx.Client):
-    """A python session's id, deleted afterwards."""
-    sid = http.post("/sessions", json={"language": "python"}).json()["session_id"]
-    try:
-        yield sid
-    finally:
-        http.delete(f"/sessions/{sid}")
+def _session(http: httpx.Client, kind: str):
+    """A python session's id, deleted afterwards: plain, or forked from a fork source (`session_kind`), which
+    only the zygote makes."""
+    if kind == "forked" and not http.get("/health").json()["zygote"]:
+        pytest.skip("forked sessions come from the zygote only")
+    return python_session(http, kind)
 
 
 def _rss_kb(http: httpx.Client) -> int:
@@ -118,8 +115,8 @@ def _find_process(marker: str) -> int:
     raise AssertionError(f"no process {marker!r} on the host")
 
 
-def test_sandbox_processes_run_as_an_unprivileged_host_uid(any_http):
-    with _session(any_http) as sid:
+def test_sandbox_processes_run_as_an_unprivileged_host_uid(any_http, session_kind):
+    with _session(any_http, session_kind) as sid:
         body = any_http.post(f"/sessions/{sid}/run", json={
             "code": "import os, subprocess\np = subprocess.Popen(['sleep', '4949.5'])\nprint(os.getuid())"}).json()
         assert body["status"] == "ok" and body["stdout"] == "65534\n", body  # what the code sees
@@ -198,8 +195,8 @@ def test_frames_written_to_any_fd_leave_a_wrong_answer_wrong(any_http):
 
 # 3. High: a session's result pipe is the interpreter's own fd 3; the host believed its 4-byte length header
 # (2 GiB header + 300 MB body -> +300 MB of service memory).
-def test_a_session_frame_past_the_cap_restarts_the_session_only(http):
-    with _session(http) as sid:
+def test_a_session_frame_past_the_cap_restarts_the_session_only(http, session_kind):
+    with _session(http, session_kind) as sid:
         assert http.post(f"/sessions/{sid}/run", json={"code": "x = 41"}).json()["status"] == "ok"
         before = _rss_kb(http)
         code = ("import os\nos.write(3, (2**31).to_bytes(4, 'big'))\nblock = b'z' * (1 << 20)\n"
@@ -214,12 +211,12 @@ def test_a_session_frame_past_the_cap_restarts_the_session_only(http):
 
 
 @pytest.mark.parametrize("what", ["not_json", "not_an_object", "flood"])
-def test_malformed_or_flooding_session_frames_restart_the_session(http, what):
+def test_malformed_or_flooding_session_frames_restart_the_session(http, what, session_kind):
     payload = {"not_json": "b'{nope'", "not_an_object": "b'[1, 2]'", "flood": "b'{\"id\": \"x\"}'"}[what]
     times = 10 if what == "flood" else 1
     code = (f"import os\ndata = {payload}\nfor _ in range({times}):\n"
             "    os.write(3, len(data).to_bytes(4, 'big') + data)")
-    with _session(http) as sid:
+    with _session(http, session_kind) as sid:
         body = http.post(f"/sessions/{sid}/run", json={"code": code}).json()
         assert body["status"] == "error" and body["exit_reason"] == "runner_fault", body
         again = http.post(f"/sessions/{sid}/run", json={"code": "print(6 * 7)"}).json()
@@ -268,8 +265,8 @@ def _inotify_init() -> int:
     return fd
 
 
-def test_a_session_holding_every_inotify_instance_starves_no_one_else(http):
-    with _session(http) as sid:
+def test_a_session_holding_every_inotify_instance_starves_no_one_else(http, session_kind):
+    with _session(http, session_kind) as sid:
         hog = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nheld = []\n"
                "while (fd := libc.inotify_init1(0)) >= 0:\n    held.append(fd)\nprint(len(held), ctypes.get_errno())")
         body = http.post(f"/sessions/{sid}/run", json={"code": hog}).json()
@@ -328,8 +325,8 @@ def test_root_only_files_keys_and_directories_are_closed(any_http):
 
 
 # Low: a session's pid 1 never reaped orphans (124 zombies left a session unable to fork).
-def test_a_sessions_orphans_are_reaped(http):
-    with _session(http) as sid:
+def test_a_sessions_orphans_are_reaped(http, session_kind):
+    with _session(http, session_kind) as sid:
         orphans = ("import os\nfor _ in range(100):\n    pid = os.fork()\n    if pid == 0:\n"
                    "        if os.fork() == 0:\n            os._exit(0)\n        os._exit(0)\n    os.waitpid(pid, 0)\n")
         for _ in range(2):  # 200 orphans against a pids limit of 64
@@ -356,8 +353,8 @@ def test_exit_zero_after_the_pids_limit_is_not_a_success(http):
 
 
 # Low: a session's background threads ran on between cells, outside the cell's time limit and admission control.
-def test_a_session_is_frozen_between_its_cells(any_http):
-    with _session(any_http) as sid:
+def test_a_session_is_frozen_between_its_cells(any_http, session_kind):
+    with _session(any_http, session_kind) as sid:
         spin = ("import threading, time\nthreading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True)"
                 ".start()\ntime.sleep(0.2)\nprint(time.process_time())")
         first = any_http.post(f"/sessions/{sid}/run", json={"code": spin}).json()
