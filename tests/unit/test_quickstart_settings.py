@@ -142,7 +142,7 @@ def test_the_code_suite_alone_is_the_code_overlay_under_smoke_and_set():
 
 
 @pytest.mark.parametrize("argv,match", [
-    (["--suites", "cod"], "is not one of .calc., .lookup., .code.; did you mean .code."),
+    (["--suites", "cod"], "is not one of .calc., .lookup., .code., .guess.; did you mean .code."),
     (["--suites", "code,code"], "choose distinct names"),
     (["--suites", "calc,"], "give comma-separated names"),
     (["--suites", "code", "--set", "data.suites=[calc]"], "give the suites once"),
