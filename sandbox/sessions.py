@@ -11,7 +11,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from sandbox.backends.base import Backend, BackendError, SessionProcess
+from sandbox.backends.base import Backend, BackendError, ForkSourceGone, SessionProcess
 
 
 class SessionLimit(Exception):
@@ -88,8 +88,8 @@ class SessionManager:
             procs = await self.backend.fork_session(source.proc, n, source.memory_mb)
         except ValueError as e:
             raise SessionConflict(f"session {session_id!r} cannot be forked: {e}") from None
-        except BackendError:
-            if not source.proc.alive:  # it died before it could fork (killed while frozen between cells)
+        except BackendError as e:  # it died before it could fork (killed while frozen between cells), perhaps
+            if isinstance(e, ForkSourceGone) or not source.proc.alive:  # before its death reached its handle
                 raise dead from None
             raise
         finally:

@@ -52,6 +52,10 @@ class BackendError(RuntimeError):
     """The backend cannot run anything (missing tool, no isolation): the service must not start."""
 
 
+class ForkSourceGone(BackendError):
+    """A fork source's interpreter died: its end of the fork socket is closed (its state is lost)."""
+
+
 def available_languages() -> list[str]:
     langs = ["python"]
     langs += [name for name, (argv, _) in COMPILED.items() if os.path.exists(argv[0])]

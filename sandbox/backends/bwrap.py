@@ -36,6 +36,7 @@ from sandbox.backends.base import (
     BackendError,
     ExecRequest,
     ExecResult,
+    ForkSourceGone,
     encode_request,
     python_argv,
     read_frame,
@@ -753,6 +754,8 @@ class BwrapBackend:
                     socket.send_fds(sock, [b"child"], theirs)
                 except BlockingIOError:
                     raise BackendError("the fork source does not take its children's fds") from None
+                except OSError as e:  # EPIPE / ECONNRESET: the source's interpreter died (maybe not yet reaped)
+                    raise ForkSourceGone(f"the fork source's interpreter is gone ({e.strerror})") from None
                 finally:
                     for fd in theirs:
                         os.close(fd)
