@@ -6,8 +6,8 @@ go through verifiers' interception server to an OpenAI-compatible endpoint). Her
 policy front, so every call is recorded token for token under the episode; the reward is the one verifiers'
 rubric gave the trace (`Trace.reward`: the weighted sum of the task's `@reward` functions).
 
-The task row names the taskset and the task: `verifiers: {taskset: <taskset id>, idx: <position in load()>}` (a
-column of the row, so `task.extra["verifiers"]`). The taskset id is what verifiers loads: an installed package (or
+The task row names the taskset and the task in its `extra`: `{"verifiers": {"taskset": <taskset id>, "idx":
+<position in load()>}}` (`task.extra["verifiers"]`). The taskset id is what verifiers loads: an installed package (or
 module) exporting one `Taskset` subclass in `__all__`. The agent is `ChatHarness`, a chat loop run in this
 process: verifiers' shipped harnesses install their programs with `uv` (network) and stream, neither of which
 the trainer offers. It sends the task's prompt and returns the model's answer; an Env that continues the exchange
@@ -91,7 +91,7 @@ async def verifiers_agent(task: Task, base_url: str, episode_id: str) -> float:
     returns verifiers' reward for it."""
     spec = task.extra.get("verifiers")
     if not isinstance(spec, dict) or not isinstance(spec.get("taskset"), str) or not isinstance(spec.get("idx"), int):
-        raise ValueError(f"task {task.task_id!r} has no verifiers: {{taskset: <id>, idx: <int>}} column")
+        raise ValueError(f"task {task.task_id!r} has no extra.verifiers: {{taskset: <id>, idx: <int>}}")
     vf = _vf()
     env = load_env(spec["taskset"])
     chosen = next(itertools.islice(iter(env.taskset), spec["idx"], None), None)

@@ -66,4 +66,4 @@ async def test_a_task_without_a_verifiers_column_is_an_infra_failure(tiny_model_
                                session_id="g-1")
     finally:
         await loop.aclose()
-    assert ep.infra_error and "verifiers: {taskset" in ep.metrics["infra_detail"]
+    assert ep.infra_error and "extra.verifiers: {taskset" in ep.metrics["infra_detail"]
