@@ -18,6 +18,7 @@ taskset, the rubric or the model call) raises, so the trainer drops it as an inf
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 
@@ -26,7 +27,7 @@ from agentrl.types import Task
 INSTALL_HINT = "the verifiers adapter needs the verifiers package: pip install -e '.[agents]'"
 if importlib.util.find_spec("verifiers") is None:  # so `rollout.agent_program` fails at config load, in one line
     raise ImportError(INSTALL_HINT)
-_envs: dict[str, object] = {}  # taskset id -> its loaded Env, shared by the episodes of a run
+_tasks: dict[tuple[str, int], object] = {}  # (taskset id, idx) -> its verifiers Task, shared by its episodes
 
 
 def _vf():
@@ -37,6 +38,7 @@ def _vf():
     return vf
 
 
+@functools.cache
 def _classes():
     """ChatHarness and the Env that seats it, built on first use (verifiers is an optional extra)."""
     vf = _vf()
@@ -76,14 +78,13 @@ def _classes():
 
 
 def load_env(taskset: str):
-    """The Env for a taskset id (cached): verifiers' own loader, the agent run in this process."""
-    if taskset not in _envs:
-        vf = _vf()
-        _, chat_env = _classes()
-        config = vf.SingleAgentEnvConfig(taskset=vf.TasksetConfig(id=taskset),
-                                         agent=vf.AgentConfig(runtime=vf.SubprocessConfig()))
-        _envs[taskset] = chat_env(config)
-    return _envs[taskset]
+    """A fresh Env for a taskset id (verifiers' own loader; the agent run in this process). One per episode: an
+    Env's serving resources (its interception server) belong to one `serving()` at a time."""
+    vf = _vf()
+    _, chat_env = _classes()
+    config = vf.SingleAgentEnvConfig(taskset=vf.TasksetConfig(id=taskset),
+                                     agent=vf.AgentConfig(runtime=vf.SubprocessConfig()))
+    return chat_env(config)
 
 
 async def verifiers_agent(task: Task, base_url: str, episode_id: str) -> float:
@@ -94,13 +95,16 @@ async def verifiers_agent(task: Task, base_url: str, episode_id: str) -> float:
         raise ValueError(f"task {task.task_id!r} has no extra.verifiers: {{taskset: <id>, idx: <int>}}")
     vf = _vf()
     env = load_env(spec["taskset"])
-    chosen = next(itertools.islice(iter(env.taskset), spec["idx"], None), None)
-    if chosen is None:
-        raise ValueError(f"verifiers taskset {spec['taskset']!r} has no task at idx {spec['idx']}")
+    key = (spec["taskset"], spec["idx"])
+    if key not in _tasks:  # verifiers runs one Task object for all rollouts of a task, too
+        chosen = next(itertools.islice(iter(env.taskset), spec["idx"], None), None)
+        if chosen is None:
+            raise ValueError(f"verifiers taskset {spec['taskset']!r} has no task at idx {spec['idx']}")
+        _tasks[key] = chosen
     ctx = vf.ModelContext(model="policy", client=vf.EvalClientConfig(base_url=base_url,
                                                                      api_key_var="AGENTRL_POLICY_KEY"))
     async with env.serving():
-        episode = await env.run_episode(chosen, ctx)
+        episode = await env.run_episode(_tasks[key], ctx)
     errors = [*episode.errors, *(e for t in episode.traces for e in getattr(t, "errors", []) or [])]
     if not episode.ok or not episode.traces:
         detail = f"{errors[0].type}: {errors[0].message}" if errors else "not ok"

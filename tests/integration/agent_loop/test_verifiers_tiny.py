@@ -67,3 +67,23 @@ async def test_a_task_without_a_verifiers_column_is_an_infra_failure(tiny_model_
     finally:
         await loop.aclose()
     assert ep.infra_error and "extra.verifiers: {taskset" in ep.metrics["infra_detail"]
+
+
+async def test_a_rubric_that_raises_is_an_infra_failure(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from agentrl.envs.verifiers_env import verifiers_agent
+    from agentrl.inference.local import LocalEngine
+
+    engine = LocalEngine.from_pretrained(str(tiny_model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    loop = AgentProgramLoop(engine, tokenizer, verifiers_agent, AgentLoopConfig(max_new_tokens_per_turn=4))
+    task = Task(prompt=[], task_id="vf-2", extra={"verifiers": {"taskset": "vf_tiny_taskset", "idx": 2}})
+    try:
+        episodes = await loop.run(task, sampling=SamplingParams(max_new_tokens=1, seed=5), uid="g", session_id="g-2")
+    finally:
+        await loop.aclose()
+        await engine.close()
+    assert all(ep.infra_error for ep in episodes)  # dropped, never trained as reward 0
+    assert "verifiers episode failed" in episodes[0].metrics["infra_detail"]
+    assert "the rubric broke" in episodes[0].metrics["infra_detail"]
