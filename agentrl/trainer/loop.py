@@ -98,7 +98,7 @@ from agentrl.trainer.metrics import (
 from agentrl.trainer.resume import FINAL_MODEL_DIR, RECORDED_PATHS, mark_complete, plan_start, prepare_run_dir
 from agentrl.trainer.staleness import filter_stale_groups, staleness_metrics
 from agentrl.trainer.stops import InfraLimits, InfraWatch, log_failure, log_line, resume_hint
-from agentrl.trainer.weight_sync import broadcast_weights, sync_weights, write_hf_checkpoint
+from agentrl.trainer.weight_sync import broadcast_weights, foreign_weight_labels, sync_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
 
 if TYPE_CHECKING:
@@ -409,15 +409,6 @@ async def push_weights(workers, engine, cfg: TrainConfig, step: int, *, during_r
             f"trainer.weight_sync_timeout_s={cfg.trainer.weight_sync_timeout_s:g}: check that the engine is up and "
             "not stuck (its log), or raise the timeout for a large model; the step's update is saved, rerunning "
             "the command resumes after it") from e
-
-
-async def foreign_weight_labels(engine, cfg: TrainConfig) -> list[str]:
-    """At a fresh start: the labels of SGLang servers that serve weights pushed before this run (an earlier run's
-    last step; anything but the "default" weights they started with), which the run's initial weights must replace
-    before step 1 samples; [] when every server serves its own. Other backends start with this run's weights."""
-    if cfg.engine.backend != "sglang":
-        return []
-    return sorted({label for label in await engine.weight_labels() if label != "default"})
 
 
 def serving_version(engine) -> int | None:

@@ -241,5 +241,14 @@ async def broadcast_weights(workers, engine, *, step: int, token_file: str | Non
     return {**metrics, "timing/weight_push_s": time.perf_counter() - t0}
 
 
-__all__ = ["HF_SIDE_FILES", "SharedStateDict", "broadcast_weights", "hf_tensors", "sync_weights",
-           "write_hf_checkpoint"]
+async def foreign_weight_labels(engine, cfg) -> list[str]:
+    """At a fresh start: the labels of SGLang servers that serve weights pushed before this run (an earlier run's
+    last step; anything but the "default" weights they started with), which the run's initial weights must replace
+    before step 1 samples; [] when every server serves its own. Other backends start with this run's weights."""
+    if cfg.engine.backend != "sglang":
+        return []
+    return sorted({label for label in await engine.weight_labels() if label != "default"})
+
+
+__all__ = ["HF_SIDE_FILES", "SharedStateDict", "broadcast_weights", "foreign_weight_labels", "hf_tensors",
+           "sync_weights", "write_hf_checkpoint"]
