@@ -8,7 +8,8 @@ never re-tokenized or stitched. Each sample becomes one `Episode` with the episo
 episode's number of splits (samples - 1) is in every sample's metrics (`agent_splits`) and summed by
 `rollout_metrics` as `rollout/agent_splits`.
 
-GRPO-family estimators see each sample as one member of its group (a split episode weighs as many members).
+GRPO-family estimators count a split episode once in its group (`split_episode_ids`), each part with the
+episode's advantage.
 """
 
 from __future__ import annotations
@@ -96,4 +97,15 @@ def episodes_from_calls(calls: list[CallRecord], *, uid: str, episode_id: str, m
     return out
 
 
-__all__ = ["Sample", "assemble", "episodes_from_calls"]
+def split_episode_ids(episodes: list[Episode]) -> list[str]:
+    """One id per sample, equal for the parts of one split episode (`episodes_from_calls`) and unique otherwise:
+    the group estimators count a split episode once (`AdvantageInputs.episode_ids`)."""
+    ids = []
+    for row, ep in enumerate(episodes):
+        part = ep.metrics.get("sample_part", 0)
+        base = ep.episode_id.removesuffix(f"-part{part}") if part else ep.episode_id
+        ids.append(f"{ep.uid}/{base}" if base else f"{ep.uid}/#{row}")
+    return ids
+
+
+__all__ = ["Sample", "assemble", "episodes_from_calls", "split_episode_ids"]

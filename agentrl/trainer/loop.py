@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agentrl.agent_loop.calls import split_episode_ids
 from agentrl.agent_loop.rewards import reward_failed
 from agentrl.agent_loop.versions import as_version
 from agentrl.config import save_config, to_dict
@@ -485,7 +486,7 @@ def estimate_advantages(token_rewards_B_L: torch.Tensor, batch: TensorDict, epis
     adv, returns = resolve_adv_estimator(alg.adv_estimator)(AdvantageInputs(
         token_rewards_B_T=token_rewards_B_L, mask_B_T=mask, group_ids=[ep.uid for ep in episodes],
         values_B_T=batch["values"] if "values" in batch.keys() else None, gamma=alg.gamma, lam=alg.lam,
-        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo))
+        norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, episode_ids=split_episode_ids(episodes)))
     out = {"advantages": adv.float() * mask}
     if returns is not None:
         out["returns"] = returns.float() * mask

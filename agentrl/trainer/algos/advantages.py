@@ -36,7 +36,9 @@ class AdvantageInputs:
     mask_B_T: [B, T] 1 on policy tokens.
     group_ids: B ids, one per trajectory (the n samples of a prompt share one). values_B_T: [B, T] critic values
     before the update (GAE only). gamma, lam: discount and GAE lambda. norm_adv_by_std_in_grpo: False gives
-    Dr.GRPO.
+    Dr.GRPO. episode_ids: None, or B ids where trajectories that share one are the parts of one episode (an agent
+    program split where it edited its history): the group estimators then count the episode once, at the mean
+    of its parts' scores (each part carries the outcome), and give every part the episode's advantage.
     """
 
     token_rewards_B_T: Tensor
@@ -46,6 +48,7 @@ class AdvantageInputs:
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
+    episode_ids: Sequence | None = None
 
     @property
     def scores_B(self) -> Tensor:
@@ -194,17 +197,23 @@ def reinforce_pp_advantages(token_rewards_B_T: Tensor, mask_B_T: Tensor, gamma: 
 
 
 @torch.no_grad()
-def reinforce_pp_baseline_advantages(scores_B: Tensor, group_ids: Sequence | Tensor, mask_B_T: Tensor) -> Tensor:
+def reinforce_pp_baseline_advantages(scores_B: Tensor, group_ids: Sequence | Tensor, mask_B_T: Tensor,
+                                     episode_ids: Sequence | None = None) -> Tensor:
     """REINFORCE++-baseline, [B, T]: s_i - mean of its group (a singleton's mean is 0, so it keeps its score),
-    broadcast over the policy tokens, then whitened over the whole batch's mask."""
+    broadcast over the policy tokens, then whitened over the whole batch's mask (`episode_ids`: see
+    `AdvantageInputs`)."""
     scores = scores_B if scores_B.is_floating_point() else scores_B.float()
+    centered = once_per_episode(_group_centered, scores, group_ids, episode_ids)
+    return masked_whiten(broadcast_advantages(centered, mask_B_T), mask_B_T)
+
+
+def _group_centered(scores: Tensor, group_ids: Sequence | Tensor) -> Tensor:
     index = _group_index(group_ids, scores.shape[0], scores.device)
     num_groups = int(index.max()) + 1 if index.numel() else 0
     zeros = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
     counts = zeros.index_add(0, index, torch.ones_like(scores))
     means = (zeros.index_add(0, index, scores) / counts)[index]
-    centered = torch.where(counts[index] > 1, scores - means, scores)
-    return masked_whiten(broadcast_advantages(centered, mask_B_T), mask_B_T)
+    return torch.where(counts[index] > 1, scores - means, scores)
 
 
 # ------------------------------------------------------------------------------------- the estimator registry
@@ -216,13 +225,32 @@ def _gae(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     return gae_advantages(x.token_rewards_B_T, x.values_B_T, x.mask_B_T, x.gamma, x.lam)
 
 
+def once_per_episode(group_fn: Callable[[Tensor, Sequence | Tensor], Tensor], scores_B: Tensor,
+                     group_ids: Sequence | Tensor, episode_ids: Sequence | None) -> Tensor:
+    """`group_fn(scores, group_ids) -> [n]` with each episode one member of its group: the parts of a split
+    episode (equal `episode_ids`) count once, at the mean of their scores, and share the episode's result."""
+    if episode_ids is None:
+        return group_fn(scores_B, group_ids)
+    index = _group_index(episode_ids, scores_B.shape[0], scores_B.device)  # [B] -> episode 0..E-1
+    num = int(index.max()) + 1 if index.numel() else 0
+    zeros = torch.zeros(num, dtype=scores_B.dtype, device=scores_B.device)
+    scores_E = zeros.index_add(0, index, scores_B) / zeros.index_add(0, index, torch.ones_like(scores_B))
+    first = torch.full((num,), scores_B.shape[0], dtype=torch.long).scatter_reduce(
+        0, index.cpu(), torch.arange(scores_B.shape[0]), reduce="amin")  # each episode's first part
+    groups_E = group_ids[first.to(group_ids.device)] if isinstance(group_ids, Tensor) else \
+        [group_ids[i] for i in first.tolist()]
+    return group_fn(scores_E, groups_E)[index]
+
+
 def _grpo(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
-    adv_B = grpo_advantages(x.scores_B, x.group_ids, norm_by_std=x.norm_adv_by_std_in_grpo)
+    adv_B = once_per_episode(lambda s, g: grpo_advantages(s, g, norm_by_std=x.norm_adv_by_std_in_grpo),
+                             x.scores_B, x.group_ids, x.episode_ids)
     return broadcast_advantages(adv_B, x.mask_B_T), None
 
 
 def _rloo(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
-    return broadcast_advantages(rloo_advantages(x.scores_B, x.group_ids), x.mask_B_T), None
+    adv_B = once_per_episode(rloo_advantages, x.scores_B, x.group_ids, x.episode_ids)
+    return broadcast_advantages(adv_B, x.mask_B_T), None
 
 
 def _reinforce_pp(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
@@ -230,7 +258,7 @@ def _reinforce_pp(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
 
 
 def _reinforce_pp_baseline(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
-    return reinforce_pp_baseline_advantages(x.scores_B, x.group_ids, x.mask_B_T), None
+    return reinforce_pp_baseline_advantages(x.scores_B, x.group_ids, x.mask_B_T, x.episode_ids), None
 
 
 ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -266,6 +294,7 @@ __all__ = [
     "AdvantageInputs",
     "check_adv_estimator",
     "gae_advantages",
+    "once_per_episode",
     "overlong_penalty",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",

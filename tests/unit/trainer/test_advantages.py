@@ -155,3 +155,37 @@ def test_overlong_penalty_is_linear_over_the_buffer():
     assert overlong_penalty(torch.tensor([20]), 20, 4, 0.5).item() == pytest.approx(-0.5)
     with pytest.raises(ValueError, match="buffer_len"):
         overlong_penalty([1], 10, 0, 1.0)
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_a_split_episode_counts_once_in_its_group(name):
+    """Group g holds episodes a (split in two parts, score 1), b (0) and c (0): the estimator sees three members,
+    and both parts of a get a's advantage, the same as for the unsplit group."""
+    mask = torch.ones(4, 2, dtype=F64)
+    rewards = t([[0, 1], [0, 1], [0, 0], [0, 0]])
+    split = ADV_ESTIMATORS[name](AdvantageInputs(rewards, mask, ["g"] * 4, episode_ids=["a", "a", "b", "c"]))[0]
+    whole = ADV_ESTIMATORS[name](AdvantageInputs(rewards[1:], mask[1:], ["g"] * 3))[0]
+    if name == "grpo":  # by hand: scores 1, 0, 0; mean 1/3, std (Bessel) 1/sqrt(3)
+        assert whole[0, 0].item() == pytest.approx((2 / 3) / (1 / 3 ** 0.5), rel=1e-5)
+    if name == "rloo":  # 1 - mean(0, 0) and 0 - mean(1, 0)
+        assert whole[:, 0].tolist() == pytest.approx([1.0, -0.5, -0.5])
+    if name == "reinforce_plus_plus_baseline":  # whitened over the batch's tokens: 4 rows of a's now weigh more
+        assert split[0].tolist() == split[1].tolist() and split[0, 0] > 0 > split[2, 0] == split[3, 0]
+        return
+    assert split[0].tolist() == split[1].tolist() == whole[0].tolist()
+    assert split[2:].tolist() == whole[1:].tolist()
+    unsplit = ADV_ESTIMATORS[name](AdvantageInputs(rewards, mask, ["g"] * 4))[0]  # four members: a counted twice
+    assert unsplit[0, 0] != whole[0, 0]
+
+
+def test_split_episode_ids_join_the_parts_and_keep_other_episodes_apart():
+    from agentrl.agent_loop.calls import split_episode_ids
+    from agentrl.types import Episode
+
+    def ep(uid, episode_id, part=None):
+        return Episode(uid=uid, prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[0.0],
+                       messages=[], episode_id=episode_id,
+                       metrics={} if part is None else {"sample_part": part})
+
+    eps = [ep("g", "g-0", 0), ep("g", "g-0-part1", 1), ep("g", "g-1"), ep("g", ""), ep("g", ""), ep("h", "g-0")]
+    assert split_episode_ids(eps) == ["g/g-0", "g/g-0", "g/g-1", "g/#3", "g/#4", "h/g-0"]
