@@ -13,7 +13,10 @@ The reward: a number the program returns is the episode's reward; a list of mess
 transcript, scored by the task's reward spec (`reward:` config, as ToolAgentLoop episodes are); None scores the
 transcript of its last policy call (those messages and the answer). Sampling follows the trainer
 (rollout.temperature, top_p, top_k, a seed per episode and call), whatever the program asks for; one completion
-has at most `agent.max_new_tokens_per_turn` tokens; `agent.episode_timeout_s` bounds the program's run.
+has at most `agent.max_new_tokens_per_turn` tokens; `agent.episode_timeout_s` bounds the program's run, and
+`agent.max_assistant_turns` its policy calls (one request, whatever its `n`, is one turn): the front refuses the
+next request with a 400 naming the limit, and the episode ends with finish_reason "max_turns" whatever the
+program then does (raises or returns), scored like any other.
 
 Faults: a program that raises, a call the engine failed, or an episode with no policy call is an infrastructure
 failure (`infra_error`, dropped from training, `metrics["infra_detail"]` says which); a timeout keeps the calls
@@ -65,7 +68,7 @@ class AgentProgramLoop:
         """One episode of the program: its samples (several when it was split), reward set when the program
         returned a number; `metrics["reward_from"]` is "program" or "transcript" (the caller scores those)."""
         url = await self.start()
-        self.front.open_episode(session_id, sampling)
+        self.front.open_episode(session_id, sampling, max_turns=self.config.max_assistant_turns)
         started = time.monotonic()
         result, finish, detail = None, None, None
         timeout = asyncio.timeout(self.config.episode_timeout_s)
@@ -79,6 +82,8 @@ class AgentProgramLoop:
         except Exception as e:  # noqa: BLE001 -- boundary: whatever the user's program raises ends its episode
             finish, detail = "infra_error", f"agent program raised {type(e).__name__}: {e}"
             detail += f" (at {traceback.extract_tb(e.__traceback__)[-1].line})" if e.__traceback__ else ""
+        if session_id in self.front.capped and finish != "timeout":  # what the program did past the refusal: ours
+            finish, detail = "max_turns", None
         calls, engine_error = self.front.take(session_id)
         metrics = {"wall_s": time.monotonic() - started}
         if engine_error is not None and finish != "timeout":
@@ -106,7 +111,7 @@ class AgentProgramLoop:
         for ep in episodes:
             if finish is not None:
                 ep.finish_reason = finish
-                ep.infra_error = finish == "infra_error" or self.config.timeout_is_infra_error
+                ep.infra_error = finish == "infra_error" or (finish == "timeout" and self.config.timeout_is_infra_error)
         return episodes
 
 

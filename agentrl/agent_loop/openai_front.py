@@ -159,6 +159,9 @@ class PolicyFront:
         self._turns: dict[str, list[_Turn]] = {}
         self.errors: dict[str, str] = {}  # episode id -> the engine fault that answered one of its calls
         self._sampling: dict[str, SamplingParams] = {}  # per-episode sampling set by `open_episode`
+        self._turn_limits: dict[str, int] = {}  # episode id -> requests it may make (`open_episode`'s max_turns)
+        self._requests: dict[str, int] = {}  # episode id -> requests it made (n > 1 in one request is one turn)
+        self.capped: set[str] = set()  # episodes refused a request past their turn limit
 
     def template(self, tools: list[dict] | None) -> ChatTemplate:
         key = _tools_key(tools)
@@ -171,15 +174,19 @@ class PolicyFront:
     def calls(self, episode_id: str) -> list[CallRecord]:
         return list(self._calls.get(episode_id, []))
 
-    def open_episode(self, episode_id: str, sampling: SamplingParams) -> None:
+    def open_episode(self, episode_id: str, sampling: SamplingParams, max_turns: int | None = None) -> None:
         """Sample `episode_id`'s calls with `sampling`'s temperature, top_p and top_k whatever the requests ask;
-        its seed (if any) gives call k the seed the agent loop gives turn k."""
+        its seed (if any) gives call k the seed the agent loop gives turn k. `max_turns`: requests past that many
+        are refused (a 400 naming the limit) and the episode is marked in `capped`."""
         self._sampling[episode_id] = sampling
+        if max_turns is not None:
+            self._turn_limits[episode_id] = max_turns
 
     def take(self, episode_id: str) -> tuple[list[CallRecord], str | None]:
         """Remove and return an episode's records and the engine fault that hit it (None: none)."""
-        self._turns.pop(episode_id, None)
-        self._sampling.pop(episode_id, None)
+        for per_episode in (self._turns, self._sampling, self._turn_limits, self._requests):
+            per_episode.pop(episode_id, None)
+        self.capped.discard(episode_id)
         return self._calls.pop(episode_id, []), self.errors.pop(episode_id, None)
 
     def _record(self, record: CallRecord) -> None:
@@ -220,6 +227,12 @@ class PolicyFront:
         n = body.get("n") or 1
         if not isinstance(n, int) or n < 1:
             raise RequestError(f"n must be a positive integer, got {n!r}")
+        limit = self._turn_limits.get(episode_id)
+        if limit is not None and self._requests.get(episode_id, 0) >= limit:
+            self.capped.add(episode_id)
+            raise RequestError(f"episode {episode_id} has made its {limit} policy calls (agent.max_assistant_turns); "
+                               "the episode ends here")
+        self._requests[episode_id] = self._requests.get(episode_id, 0) + 1
         prompt, rendered = self.prompt_ids(episode_id, messages, tools)
         params = self._params(body, len(prompt), episode_id)
         parse_calls = body.get("tool_choice") != "none" and tools is not None

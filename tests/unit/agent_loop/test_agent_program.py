@@ -127,3 +127,20 @@ async def test_an_engine_fault_is_an_infra_failure_naming_the_engine(tiny_tokeni
     finally:
         await loop.aclose()
     assert ep.infra_error and ep.metrics["infra_detail"] == "engine: server down"
+
+
+async def test_max_assistant_turns_bounds_a_program_and_ends_its_episode(tiny_tokenizer):
+    """The program would call 3 times; the front refuses the third (a 400 the SDK raises), the episode keeps the
+    two calls, ends with "max_turns" (not an infra failure) and is scored on its transcript."""
+    import agent_programs
+
+    engine = ScriptedEngine(tiny_tokenizer, [model_turn("", [("add", {"a": 1, "b": 2})])] * 3)
+    loop = AgentProgramLoop(engine, tiny_tokenizer, agent_programs.openai_sdk_agent,
+                            AgentLoopConfig(max_assistant_turns=2))
+    try:
+        (ep,) = await loop.run(TASK, sampling=SamplingParams(max_new_tokens=1), uid="g", session_id="g-0")
+    finally:
+        await loop.aclose()
+    assert len(engine.calls) == 2 and ep.num_turns == 2
+    assert (ep.finish_reason, ep.infra_error, ep.metrics["reward_from"]) == ("max_turns", False, "transcript")
+    assert not loop.front.capped  # forgotten once the episode was taken
