@@ -33,6 +33,8 @@ import torch
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<part>[AB])\.weight$")
+# a full copy of an adapted layer's base weight (peft's save_embedding_layers, when lm_head or embeddings are targets)
+_BASE_COPY = re.compile(r"^base_model\.model\.(?P<module>.+)\.base_layer\.weight$")
 
 # adapter_config.json settings a merge of A and B cannot honour, with the values that mean "not used"
 _UNSUPPORTED = {
@@ -148,17 +150,28 @@ def read_peft_adapter(path: str | Path, model_weights: Mapping[str, torch.Tensor
     except (SafetensorError, OSError) as e:
         raise AdapterError(f"{path / WEIGHTS_FILE} cannot be read ({e}); write it with peft's save_pretrained")
     factors: dict[str, dict[str, torch.Tensor]] = {}
+    copies: dict[str, torch.Tensor] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
-        if match is None:
+        copy = _BASE_COPY.match(key)
+        if copy is not None:
+            copies[f"{copy['module']}.weight"] = tensor
+        elif match is None:
             raise AdapterError(f"{path / WEIGHTS_FILE}: key {key} is not a lora_A/lora_B weight of a linear layer "
                                f"(base_model.model.<module>.lora_A.weight); only LoRA on linear layers is served")
-        factors.setdefault(match["module"], {})[match["part"]] = tensor
+        else:
+            factors.setdefault(match["module"], {})[match["part"]] = tensor
     if not factors:
         raise AdapterError(f"{path / WEIGHTS_FILE} holds no LoRA weights; was the adapter saved before training?")
     modules = []
     for module, parts in sorted(factors.items()):
         modules.append(_module(path, config, module, parts, model_weights, tied))
+    for weight, tensor in copies.items():  # peft saved the base weight too: it must be this model's, unchanged
+        own = model_weights.get(weight)
+        if own is None or tuple(own.shape) != tuple(tensor.shape) or not torch.equal(own, tensor.to(own.dtype)):
+            raise AdapterError(f"{path / WEIGHTS_FILE} holds a copy of {weight} that differs from this model's "
+                               f"(a resized vocabulary, or another base model); serve it with the model it was "
+                               f"trained on")
     return PeftAdapter(path=path, modules=tuple(modules))
 
 
