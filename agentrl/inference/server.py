@@ -165,8 +165,8 @@ class _Server:
                 raise WireError(f"lora_path must be an adapter name (a string), a list of them (null: the base "
                                 f"weights) or null, got {name!r}")
             if name and self.lora is None:
-                raise WireError(f"LoRA adapter {name!r} was requested, but LoRA is not enabled: start agentrl engine "
-                                f"serve with --enable-lora and load adapters with /load_lora_adapter")
+                raise WireError(f"LoRA adapter {name!r} (lora_path) was requested, but LoRA is not enabled: start "
+                                f"agentrl engine serve with --enable-lora and load adapters with /load_lora_adapter")
             if name:
                 self.lora.check(name)
         return [name or None for name in names]

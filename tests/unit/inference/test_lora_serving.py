@@ -124,6 +124,8 @@ async def test_sglangs_load_rules_and_least_recently_used_unload(serve, adapters
     assert r.status_code == 400 and f"{broken} has no adapter_model.safetensors" in r.json()["error_message"]
     assert r.json()["loaded_adapters"] == {"a1": str(adapters["a1"][0])}  # what it had, still served
     assert (await serve.post("/generate", json=_body(lora_path="a1"))).status_code == 200
+    r = await serve.post("/generate", json=_body(lora_path=["a1"]) | {"input_ids": [PROMPT, PROMPT]})
+    assert r.status_code == 400 and "lora_path has 1 entries but the batch has 2 inputs" in r.json()["error"]["message"]
     assert (await _load(serve, "a2", adapters["a2"][0])).status_code == 200
     assert (await serve.post("/generate", json=_body(lora_path="a1"))).status_code == 200  # a2 is now the older use
     r = await _load(serve, "a3", adapters["a2"][0])  # a third, over max_loaded=2: a2 goes
