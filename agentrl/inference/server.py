@@ -344,6 +344,9 @@ class _Server:
                 await self.lora.load(name, path, pinned=bool(body.get("pinned")))
             except AdapterError as e:
                 return _lora_result(False, str(e), self.lora.loaded())
+            except OSError as e:  # a directory or file this server may not read
+                return _lora_result(False, f"Failed to load LoRA adapter {name} from {path}: {e}; make it "
+                                           f"readable by the server", self.lora.loaded())
         return _lora_result(True, "", self.lora.loaded())
 
     async def unload_lora_adapter(self, body: dict) -> JSONResponse:
