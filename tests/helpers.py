@@ -144,3 +144,22 @@ def two_node_ray(resource: str) -> Iterator:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def peft_lora_model(model_dir, seed: int, target_modules=("q_proj", "v_proj", "o_proj", "down_proj"), **config):
+    """The HF model in `model_dir` (float32) under a peft LoRA adapter (rank 4, alpha 8 unless `config` says
+    otherwise) whose lora_B is random and non-zero (peft starts it at zero, which changes nothing), in eval mode.
+    `save_pretrained(dir)` writes it as a trainer would."""
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    settings = {"r": 4, "lora_alpha": 8, "target_modules": list(target_modules), **config}
+    model = peft.get_peft_model(base, peft.LoraConfig(**settings))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.4)
+    return model.eval()

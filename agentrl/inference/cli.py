@@ -28,6 +28,15 @@ def add_commands(subparsers) -> None:
     serve.add_argument("--device", default="cpu")
     serve.add_argument("--num-threads", type=int, default=None, help="torch threads for the decode thread")
     serve.add_argument("--log-level", default="warning")
+    lora = serve.add_argument_group("LoRA adapters (SGLang's /load_lora_adapter; docs/engines.md)")
+    lora.add_argument("--enable-lora", action="store_true",
+                      help="accept /load_lora_adapter and /generate requests naming an adapter (lora_path)")
+    lora.add_argument("--max-loaded-loras", type=int, default=2, metavar="N",
+                      help="adapters held at once, each a merged copy of the model's weights (default 2); past it "
+                           "the least recently used is unloaded")
+    lora.add_argument("--max-lora-rank", type=int, default=None, metavar="R", help="refuse adapters of a higher rank")
+    lora.add_argument("--lora-target-modules", nargs="+", default=None, metavar="MODULE",
+                      help="refuse adapters on other modules (e.g. q_proj v_proj; all: any)")
     serve.set_defaults(func=_serve)
 
     launch = sub.add_parser("launch-sglang", help="start SGLang servers (GPU) with the flags RL needs, wait for "
@@ -50,6 +59,16 @@ def add_commands(subparsers) -> None:
     launch.add_argument("--no-memory-saver", action="store_true",
                         help="omit --enable-memory-saver (release/resume_memory_occupation then fail)")
     launch.add_argument("--deterministic", action="store_true", help="--enable-deterministic-inference")
+    launch.add_argument("--lora-rank", type=int, default=None, metavar="R",
+                        help="serve LoRA adapters of up to rank R loaded per step (engine.lora_sync: adapter): adds "
+                             "--enable-lora --max-lora-rank R --lora-target-modules ... --max-loras-per-batch N "
+                             "--max-loaded-loras N")
+    launch.add_argument("--lora-target-modules", nargs="+", default=None, metavar="MODULE",
+                        help="with --lora-rank: the adapted modules, as actor.lora.target_modules (e.g. q_proj v_proj; "
+                             "all-linear)")
+    launch.add_argument("--max-loras-per-batch", type=int, default=2, metavar="N",
+                        help="with --lora-rank: adapters per batch and loaded at once (default 2: this step's and "
+                             "the one before)")
     launch.add_argument("--health-timeout", type=float, default=900.0)
     launch.add_argument("--urls-file", default=None, help="write the server URLs here, one per line")
     launch.add_argument("--dry-run", action="store_true", help="print the commands and exit")
@@ -68,13 +87,14 @@ def _serve(args) -> int:
     from agentrl.inference.server import check_weights_dir, create_app
     from agentrl.services import bind_port, serve_asgi
 
+    lora = _lora_options(args)
     weights_dir = check_weights_dir(args.weights_dir, args.host)
     config = EngineConfig(device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
                           max_model_len=args.max_model_len, max_queued_requests=args.max_queued_requests,
                           num_threads=args.num_threads)
     with bind_port(args.host, args.port) as sock:  # a taken port fails before the model loads
         engine = LocalEngine.from_pretrained(args.model, config)
-        app = create_app(engine, str(args.model), token=token, weights_dir=weights_dir)
+        app = create_app(engine, str(args.model), token=token, weights_dir=weights_dir, lora=lora)
         # the OpenAI API beside SGLang's: /v1/models, /v1/chat/completions, recorded per episode (docs/agents.md)
         add_routes(app, PolicyFront(engine, engine.tokenizer, model_name=str(args.model),
                                     max_new_tokens=engine.max_model_len, max_model_len=engine.max_model_len))
@@ -84,8 +104,26 @@ def _serve(args) -> int:
                                    f"{config.max_batch_size}, max_model_len={engine.max_model_len})",
                        log_level=args.log_level)
         finally:
+            if app.state.server.lora is not None:
+                app.state.server.lora.close_sync()
             engine.close_sync()
     return 0
+
+
+def _lora_options(args):
+    """`--enable-lora` and its limits, or None; the limits without --enable-lora are a mistake, as in SGLang."""
+    from agentrl.inference.server import LoraArgsError, LoraOptions
+
+    given = [flag for flag, value in (("--max-lora-rank", args.max_lora_rank),
+                                      ("--lora-target-modules", args.lora_target_modules)) if value is not None]
+    if not args.enable_lora:
+        if given:
+            raise LoraArgsError(f"{' and '.join(given)} set LoRA limits but LoRA is off: add --enable-lora")
+        return None
+    if args.max_loaded_loras < 1 or (args.max_lora_rank is not None and args.max_lora_rank < 1):
+        raise LoraArgsError("--max-loaded-loras and --max-lora-rank must be >= 1")
+    return LoraOptions(max_loaded=args.max_loaded_loras, max_rank=args.max_lora_rank,
+                       target_modules=tuple(args.lora_target_modules or ()))
 
 
 def _launch_sglang(args) -> int:
@@ -109,7 +147,9 @@ def _launch_sglang(args) -> int:
                             gpus=[int(g) for g in args.gpus.split(",")] if args.gpus else None,
                             mem_fraction_static=args.mem_fraction_static, context_length=args.context_length,
                             dtype=args.dtype, enable_memory_saver=not args.no_memory_saver,
-                            deterministic=args.deterministic, extra_args=extra)
+                            deterministic=args.deterministic, extra_args=extra, lora_rank=args.lora_rank,
+                            lora_target_modules=args.lora_target_modules or [],
+                            max_loras_per_batch=args.max_loras_per_batch)
     if args.dry_run:
         shown = replace(spec, api_key_config=API_KEY_CONFIG) if token else spec
         for env, cmd in sglang_server_commands(shown):

@@ -57,6 +57,10 @@ class EngineConfig(ConfigModel):
     weight_sync: Literal["broadcast", "disk"] = "disk"
     weight_bucket_mb: float = Field(256.0, gt=0)  # broadcast: tensors per HTTP call to each server, about this many MiB
     weight_flatten_buckets: bool = False  # broadcast each bucket as one flat tensor (fewer collectives) not per tensor
+    # how a LoRA policy (actor.lora) reaches the servers: "merged" (the adapter merged into full weights, sent as
+    # engine.weight_sync says) or "adapter" (only the adapter, loaded with SGLang's /load_lora_adapter under a new
+    # name per step, `agentrl.trainer.lora_sync`; servers started with `engine launch-sglang --lora-rank R`)
+    lora_sync: Literal["merged", "adapter"] = "merged"
     # the servers' token (SGLang's --api-key, `agentrl engine serve --token-file`), sent as Authorization: Bearer
     token_file: str | None = None
 
@@ -77,6 +81,9 @@ class EngineConfig(ConfigModel):
         if self.backend != "sglang" and self.weight_sync != "disk":
             raise ValueError(f"engine.weight_sync={self.weight_sync!r} is for backend 'sglang'; the local engine gets "
                              "the weights in memory: leave engine.weight_sync out")
+        if self.backend != "sglang" and self.lora_sync != "merged":
+            raise ValueError(f"engine.lora_sync={self.lora_sync!r} loads adapters on SGLang servers (engine.backend "
+                             "'sglang'); the local engine gets merged weights in memory: leave engine.lora_sync out")
         if self.backend == "sglang" and self.replicas > 1:
             raise ValueError(f"engine.replicas={self.replicas} is for backend 'local'; with 'sglang' every server in "
                              "engine.urls is a replica: list them there and leave engine.replicas at 1")

@@ -13,6 +13,13 @@ once the servers answer /health; SGLang reads the file while it parses its argum
 for `Authorization: Bearer <key>` on every route but /health*, /ready* and /metrics*. It still prints its
 server_args, the api key among them, in its start-up log and answers them on /server_info (behind the key):
 keep its log private. A --host other than loopback needs a token.
+
+LoRA (`engine.lora_sync: adapter`, `lora_launch_args`): SGLang serves adapters loaded at run time through
+/load_lora_adapter only when launched with `--enable-lora` and, with no adapter given at launch, both
+`--max-lora-rank` and `--lora-target-modules` (they size its adapter memory pool; a larger rank or another module
+is refused at load). `--max-loras-per-batch 2 --max-loaded-loras 2`: the trainer loads each step's adapter under a
+new name, switches the requests to it and unloads the one before (`agentrl.trainer.lora_sync`); past two loaded,
+SGLang unloads the least recently used, which clears adapters an earlier run left behind.
 """
 
 from __future__ import annotations
@@ -36,10 +43,30 @@ from agentrl.errors import UserError
 
 API_KEY_CONFIG = "API_KEY_CONFIG"  # what --dry-run prints for the --config file written at launch
 _SECRET_FLAGS = ("--api-key", "--admin-api-key", "--config")  # flags after -- that clash with a token given here
+_LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "--lora-target-modules", "--max-loras-per-batch",
+               "--max-loaded-loras")  # flags after -- that clash with --lora-rank
 
 
 class LaunchArgsError(UserError):
-    """Flags after `--` that the launcher's own options already set."""
+    """Flags after `--` that the launcher's own options already set, or LoRA options out of range."""
+
+
+def lora_launch_args(rank: int, target_modules: list[str] | str, max_loras_per_batch: int = 2) -> list[str]:
+    """SGLang's launch flags for serving a LoRA policy's adapters (`engine.lora_sync: adapter`): `rank` and
+    `target_modules` as in actor.lora (peft's "all-linear" is SGLang's "all")."""
+    if isinstance(target_modules, str):
+        if target_modules != "all-linear":
+            raise LaunchArgsError(f"LoRA target_modules {target_modules!r}: SGLang takes module names (q_proj "
+                                  f"v_proj ...) or all-linear, not a pattern; list the modules")
+        target_modules = [target_modules]
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1 or max_loras_per_batch < 1:
+        raise LaunchArgsError(f"LoRA rank ({rank!r}) and max_loras_per_batch ({max_loras_per_batch}) must be >= 1")
+    if not target_modules:
+        raise LaunchArgsError("LoRA target_modules (--lora-target-modules) is empty: list the adapted modules "
+                              "(e.g. q_proj v_proj)")
+    modules = ["all" if m == "all-linear" else m for m in target_modules]
+    return ["--enable-lora", "--max-lora-rank", str(rank), "--lora-target-modules", *modules,
+            "--max-loras-per-batch", str(max_loras_per_batch), "--max-loaded-loras", str(max_loras_per_batch)]
 
 
 @dataclass
@@ -57,6 +84,9 @@ class SGLangLaunchSpec:
     deterministic: bool = False
     extra_args: list[str] = field(default_factory=list)
     api_key_config: str | None = None  # SGLang --config YAML holding `api-key` (`write_api_key_config`)
+    lora_rank: int | None = None  # serve LoRA adapters of up to this rank (`lora_launch_args`); None: no LoRA
+    lora_target_modules: list[str] = field(default_factory=list)
+    max_loras_per_batch: int = 2
 
     def __post_init__(self) -> None:
         if self.num_servers < 1 or self.tp < 1:
@@ -67,6 +97,12 @@ class SGLangLaunchSpec:
                              f"{len(self.gpus)}: {self.gpus}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.lora_rank is not None:
+            lora_launch_args(self.lora_rank, self.lora_target_modules, self.max_loras_per_batch)  # raises if wrong
+            clash = [a for a in self.extra_args if a.split("=", 1)[0] in _LORA_FLAGS]
+            if clash:
+                raise LaunchArgsError(f"{' '.join(clash)} after -- clashes with --lora-rank, which sets SGLang's LoRA "
+                                      f"flags itself: drop {' '.join(clash)}")
 
     @property
     def urls(self) -> list[str]:
@@ -92,6 +128,8 @@ def sglang_server_commands(spec: SGLangLaunchSpec) -> list[tuple[dict[str, str],
             cmd.append("--enable-deterministic-inference")
         if spec.api_key_config is not None:
             cmd += ["--config", spec.api_key_config]
+        if spec.lora_rank is not None:
+            cmd += lora_launch_args(spec.lora_rank, spec.lora_target_modules, spec.max_loras_per_batch)
         cmd += list(spec.extra_args)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus[i * spec.tp:(i + 1) * spec.tp])}
         out.append((env, cmd))
@@ -195,4 +233,5 @@ def launch_sglang_servers(spec: SGLangLaunchSpec, health_timeout_s: float = 900.
 
 
 __all__ = ["API_KEY_CONFIG", "LaunchArgsError", "SGLangLaunchSpec", "SGLangServers", "check_extra_args",
-           "launch_sglang_servers", "sglang_server_commands", "wait_healthy", "write_api_key_config"]
+           "launch_sglang_servers", "lora_launch_args", "sglang_server_commands", "wait_healthy",
+           "write_api_key_config"]

@@ -32,6 +32,7 @@ prompts sharing a prefix, at most `shared_prefix_cache_tokens` (`prefix_cache.py
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import logging
 import threading
@@ -340,6 +341,12 @@ class LocalEngine:
             self._shared.clear()
             self._batch.release()  # no row is left in the batch: give the idle KV buffers back
         return self.weight_version
+
+    def clone_model(self):
+        """A deep copy of the served model, taken between scheduler steps (a prefill's hooks are never on it then);
+        `agentrl engine serve` merges a LoRA adapter into one (`lora_serving.py`)."""
+        with self._step_lock:
+            return copy.deepcopy(self.model)
 
     def _retract_running(self) -> None:
         """Move the running rows back to the front of the queue, in order, dropping their KV; they are

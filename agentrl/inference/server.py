@@ -24,17 +24,27 @@ gloo and receives each bucket; the new weights go live together once every param
 the weight_version of the update's last bucket. Buckets that name a tensor this model does not have, or end an
 update with parameters missing, are refused by name and close the group.
 
+LoRA (`--enable-lora`, `lora_serving.py`): SGLang's `/load_lora_adapter` {lora_name, lora_path, pinned} and
+`/unload_lora_adapter` {lora_name} answer SGLang's {success, error_message, loaded_adapters}; a /generate naming an
+adapter in `lora_path` is decoded from the base weights with that adapter merged in, one without it from the base
+weights. Loading an adapter makes its name the server's `weight_version` (the newest weights it holds), and the
+tokens an adapter samples carry its name as their label. A malformed adapter is refused with one line and the
+server keeps serving what it had.
+
 Access: with a `token` (`--token-file`) every route but `GET /health` needs `Authorization: Bearer <token>`, as
 SGLang's `--api-key` does (`agentrl.auth`). With a `weights_dir` (`--weights-dir`), `/update_weights_from_disk`
 loads only from directories under it (symlinks and `..` resolved first) and answers 403 for any other path; it
-is required beyond loopback, where anyone holding the token could otherwise make the server read any directory.
+is required beyond loopback, where anyone holding the token could otherwise make the server read any directory;
+`/load_lora_adapter` reads only from under it too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +56,8 @@ from agentrl.auth import BearerAuth, is_loopback
 from agentrl.errors import UserError
 from agentrl.inference.base import EngineError, PromptTooLongError
 from agentrl.inference.local import LocalEngine
+from agentrl.inference.lora_adapters import AdapterError
+from agentrl.inference.lora_serving import LoraAdapters
 from agentrl.inference.weight_broadcast import (
     GROUP_NAME,
     TensorSpec,
@@ -60,14 +72,18 @@ from agentrl.inference.wire import WireError, finish_reason_to_wire, sampling_pa
 
 # /generate fields (sglang 0.5.23 `GenerateReqInput`) the server reads, and those it may ignore whatever their value
 _READ = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-         "return_text_in_logprobs", "rid", "stream"}
-_IGNORED = {"session_id", "log_metrics", "priority", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank",
-            "routing_key", "conversation_id", "extra_key", "cache_salt", "kv_hints", "custom_labels", "no_logs",
-            "external_trace_header", "received_time", "http_worker_ipc", "background"}
+         "return_text_in_logprobs", "rid", "stream", "lora_path"}
+_IGNORED = {"lora_id", "session_id", "log_metrics", "priority", "routed_dp_rank", "data_parallel_rank",
+            "disagg_prefill_dp_rank", "routing_key", "conversation_id", "extra_key", "cache_salt", "kv_hints",
+            "custom_labels", "no_logs", "external_trace_header", "received_time", "http_worker_ipc", "background"}
 
 
 class WeightsDirError(UserError):
     """`--weights-dir` is missing where it is required, or is not a directory."""
+
+
+class LoraArgsError(UserError):
+    """LoRA limits (--max-lora-rank, --lora-target-modules) without --enable-lora, or out of range."""
 
 
 def check_weights_dir(weights_dir: str | None, host: str) -> Path | None:
@@ -82,6 +98,14 @@ def check_weights_dir(weights_dir: str | None, host: str) -> Path | None:
     if not path.is_dir():
         raise WeightsDirError(f"--weights-dir {weights_dir}: {path} is not a directory; create it or fix the path")
     return path
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """`agentrl engine serve --enable-lora` and the limits SGLang takes at launch (lora_serving.py)."""
+    max_loaded: int = 2  # --max-loaded-loras: each loaded adapter holds a copy of the model's weights
+    max_rank: int | None = None  # --max-lora-rank: None, any rank
+    target_modules: tuple[str, ...] = ()  # --lora-target-modules: empty (or "all"), any module
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -99,12 +123,17 @@ def _per_item(value: Any, n: int, name: str, batched: bool) -> list:
 
 class _Server:
     def __init__(self, engine: LocalEngine, model_path: str, weights_dir: Path | None = None,
-                 group_timeout_s: float = 300.0):
+                 group_timeout_s: float = 300.0, lora: LoraOptions | None = None):
         self.engine = engine
         self.model_path = model_path
         self.weights_dir = weights_dir
-        self.weight_version = "default"
-        self._labels = {engine.weight_version: self.weight_version}  # engine version -> weight_version label
+        self.base_label = "default"  # the weight_version label of the base weights
+        self._labels = {engine.weight_version: self.base_label}  # engine version -> weight_version label
+        self._order = itertools.count()  # numbers base weight loads and adapter loads: which weights are newest
+        self._base_loaded = next(self._order)
+        self.lora = None if lora is None else LoraAdapters(
+            engine, max_loaded=lora.max_loaded, max_rank=lora.max_rank,
+            target_modules=set(lora.target_modules) if lora.target_modules else None, order=self._order)
         self._update_lock = asyncio.Lock()
         self.group_timeout_s = group_timeout_s
         self._groups: dict[str, Any] = {}  # weight-update process groups by name
@@ -116,6 +145,31 @@ class _Server:
 
     def label(self, version: int) -> str:
         return self._labels.get(version, str(version))
+
+    @property
+    def weight_version(self) -> str:
+        """The label of the newest weights this server holds: the base weights' label, or the name of a LoRA
+        adapter loaded after them (so loading an adapter moves it, and tokens it samples carry its name)."""
+        newest = self.lora.newest() if self.lora is not None else None
+        return newest[1] if newest is not None and newest[0] > self._base_loaded else self.base_label
+
+    def engines(self) -> list[LocalEngine]:
+        """The base engine and every LoRA adapter's."""
+        return [self.engine, *(self.lora.engines() if self.lora is not None else [])]
+
+    def _adapters(self, body: dict, n: int, batched: bool) -> list[str | None]:
+        """`lora_path` per input (SGLang: an adapter name, or a list with one name or null per input)."""
+        names = _per_item(body.get("lora_path"), n, "lora_path", batched)
+        for name in names:
+            if name is not None and not isinstance(name, str):
+                raise WireError(f"lora_path must be an adapter name (a string), a list of them (null: the base "
+                                f"weights) or null, got {name!r}")
+            if name and self.lora is None:
+                raise WireError(f"LoRA adapter {name!r} (lora_path) was requested, but LoRA is not enabled: start "
+                                f"agentrl engine serve with --enable-lora and load adapters with /load_lora_adapter")
+            if name:
+                self.lora.check(name)
+        return [name or None for name in names]
 
     def _inputs(self, body: dict) -> tuple[list[list[int]], bool]:
         has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
@@ -141,7 +195,7 @@ class _Server:
         return seqs, batched
 
     def _check_top_level(self, body: dict) -> None:
-        """Fields set beyond `_READ` and `_IGNORED` (multimodal inputs, LoRA, extra outputs, ...) are refused."""
+        """Fields set beyond `_READ` and `_IGNORED` (multimodal inputs, extra outputs, ...) are refused."""
         refused = sorted(k for k, value in body.items() if value and k not in _READ | _IGNORED)
         if refused:
             raise WireError(f"/generate fields {refused} are not supported by agentrl engine serve (it reads "
@@ -173,15 +227,22 @@ class _Server:
             if bad is not None:
                 raise WireError(f"{where}token id {bad} is outside the vocabulary [0, {self.engine.vocab_size})")
         parsed = [sampling_params_from_wire(sp, max_new_tokens_default=self.engine.max_model_len) for sp in sps]
+        adapters = self._adapters(body, n, batched)
         with_text = bool(body.get("return_text_in_logprobs", False))
-        items = await asyncio.gather(*[self._one(seq, p, opts, bool(ret), str(r), with_text)
-                                       for seq, (p, opts), ret, r in zip(seqs, parsed, rets, rids)])
+        items = await asyncio.gather(*[self._one(seq, p, opts, bool(ret), str(r), with_text, adapter)
+                                       for seq, (p, opts), ret, r, adapter in zip(seqs, parsed, rets, rids, adapters)])
         return items if batched else items[0]
 
     async def _one(self, ids: list[int], params, text_opts: dict, return_logprob: bool, rid: str,
-                   with_text: bool) -> dict:
+                   with_text: bool, adapter: str | None) -> dict:
         t0 = time.perf_counter()
-        gen = await self.engine.generate(ids, params, request_id=rid)
+        if adapter is None:
+            gen = await self.engine.generate(ids, params, request_id=rid)
+            label = self.label
+        else:  # the adapter's own engine; every token it samples is labelled with the adapter's name
+            async with self.lora.serving(adapter) as engine:
+                gen = await engine.generate(ids, params, request_id=rid)
+            label = lambda _version: adapter  # noqa: E731
         tok = self.engine.tokenizer
         matched = gen.metrics.get("matched_stop")
         text_ids = gen.token_ids
@@ -198,9 +259,9 @@ class _Server:
             "completion_tokens": len(gen.token_ids),
             "cached_tokens": 0,
             "e2e_latency": time.perf_counter() - t0,
-            "weight_version": self.label(gen.metrics["weight_version"]),
-            "weight_versions": weight_version_spans([self.label(v) for v in gen.weight_versions],
-                                                    self.label(gen.metrics["weight_version"])),
+            "weight_version": label(gen.metrics["weight_version"]),
+            "weight_versions": weight_version_spans([label(v) for v in gen.weight_versions],
+                                                    label(gen.metrics["weight_version"])),
         }
         if return_logprob:
             meta["output_token_logprobs"] = [
@@ -214,13 +275,10 @@ class _Server:
         if not isinstance(path, str) or not path:
             return JSONResponse({"success": False, "message": "model_path (a HF model directory) is required"},
                                 status_code=400)
-        if self.weights_dir is not None:
-            resolved = Path(path).resolve()
-            if not resolved.is_relative_to(self.weights_dir):
-                return JSONResponse({"success": False, "message": f"model_path {path} (resolved: {resolved}) is not "
-                                     f"under this server's --weights-dir {self.weights_dir}: save the weights there"},
-                                    status_code=403)
-            path = str(resolved)  # load the path that was checked (links resolved), not the one sent
+        try:
+            path = self.allowed_path(path, "model_path")
+        except PermissionError as e:
+            return JSONResponse({"success": False, "message": str(e)}, status_code=403)
         if body.get("load_format") not in (None, "auto", "safetensors"):
             return JSONResponse({"success": False, "message": f"load_format={body['load_format']!r} is not "
                                  "supported by agentrl engine serve (auto or safetensors)"}, status_code=400)
@@ -240,17 +298,68 @@ class _Server:
         return JSONResponse({"success": True, "message": f"Succeeded to update model weights from {path}.",
                              "num_paused_requests": 0})
 
+    def allowed_path(self, path: str, field: str) -> str:
+        """The path to read new weights from: with --weights-dir, `path` with links resolved, which must lie under
+        it (else PermissionError, HTTP 403)."""
+        if self.weights_dir is None:
+            return path
+        resolved = Path(path).resolve()
+        if not resolved.is_relative_to(self.weights_dir):
+            raise PermissionError(f"{field} {path} (resolved: {resolved}) is not under this server's --weights-dir "
+                                  f"{self.weights_dir}: save the weights there")
+        return str(resolved)  # load the path that was checked, not the one sent
+
     async def _load(self, weights, label: str | None, abort: bool) -> None:
-        """Swap in new weights (a directory or a state dict) labelled `label` (default: the update count).
-        Call under the update lock."""
+        """Swap in new weights (a directory or a state dict) labelled `label` (default: the update count), and
+        merge the loaded LoRA adapters onto them. Call under the update lock."""
         version = self.engine.weight_version + 1
         self._labels[version] = label or str(version)  # before the swap: tokens sampled right after need it
+        on_running = "abort" if abort else "continue"
         try:
-            await self.engine.update_weights(weights, on_running="abort" if abort else "continue")
+            await self.engine.update_weights(weights, on_running=on_running)
         except BaseException:
             del self._labels[version]
             raise
-        self.weight_version = self._labels[version]
+        self.base_label = self._labels[version]
+        self._base_loaded = next(self._order)
+        if self.lora is not None:
+            await self.lora.rebase(on_running)
+
+    # ------------------------------------------------------------------ LoRA adapters (lora_serving.py)
+
+    async def load_lora_adapter(self, body: dict) -> JSONResponse:
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if self.lora is None:
+            return _lora_result(False, "LoRA is not enabled. Start agentrl engine serve with --enable-lora (SGLang: "
+                                       "--enable-lora) to load adapters.", None)
+        if not (isinstance(name, str) and name and isinstance(path, str) and path):
+            return _lora_result(False, "send lora_name (the adapter's name) and lora_path (the directory peft's "
+                                       "save_pretrained wrote), both strings", self.lora.loaded())
+        try:
+            path = self.allowed_path(path, "lora_path")
+        except PermissionError as e:
+            return _lora_result(False, str(e), self.lora.loaded(), status=403)
+        async with self._update_lock:
+            try:
+                await self.lora.load(name, path, pinned=bool(body.get("pinned")))
+            except AdapterError as e:
+                return _lora_result(False, str(e), self.lora.loaded())
+            except OSError as e:  # a directory or file this server may not read
+                return _lora_result(False, f"Failed to load LoRA adapter {name} from {path}: {e}; make it "
+                                           f"readable by the server", self.lora.loaded())
+        return _lora_result(True, "", self.lora.loaded())
+
+    async def unload_lora_adapter(self, body: dict) -> JSONResponse:
+        name = body.get("lora_name")
+        if self.lora is None:
+            return _lora_result(False, "LoRA is not enabled. Start agentrl engine serve with --enable-lora.", None)
+        if not isinstance(name, str) or not name:
+            return _lora_result(False, "send lora_name, the name of a loaded adapter", self.lora.loaded())
+        try:
+            await self.lora.unload(name)
+        except AdapterError as e:
+            return _lora_result(False, str(e), self.lora.loaded())
+        return _lora_result(True, "", self.lora.loaded())
 
     # ------------------------------------------------------------------ weights over a process group
 
@@ -366,12 +475,19 @@ def _failure(status: int, message: str) -> JSONResponse:
     return JSONResponse({"success": False, "message": message}, status_code=status)
 
 
+def _lora_result(success: bool, message: str, loaded: dict | None, status: int = 400) -> JSONResponse:
+    """SGLang's LoRAUpdateOutput: {success, error_message, loaded_adapters (name -> path)}, 200 or `status`."""
+    return JSONResponse({"success": success, "error_message": message, "loaded_adapters": loaded},
+                        status_code=200 if success else status)
+
+
 def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None,
-               weights_dir: Path | None = None) -> FastAPI:
+               weights_dir: Path | None = None, lora: LoraOptions | None = None) -> FastAPI:
     """The FastAPI app; run it with uvicorn (see `agentrl.inference.cli`). `token`: the bearer token every route
-    but /health requires (None: no check); `weights_dir`: the resolved directory new weights must come from."""
+    but /health requires (None: no check); `weights_dir`: the resolved directory new weights must come from;
+    `lora`: serve LoRA adapters (None: /load_lora_adapter refuses, as SGLang without --enable-lora)."""
     app = FastAPI(title="agentrl engine (SGLang-compatible)")
-    server = _Server(engine, model_path, weights_dir)
+    server = _Server(engine, model_path, weights_dir, lora=lora)
     app.state.server = server
     if token is not None:
         app.add_middleware(BearerAuth, token=token)
@@ -408,6 +524,14 @@ def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None
             return JSONResponse({"success": False, "message": str(e)}, status_code=400)
         return await server.update_weights_from_disk(body)
 
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        return await server.load_lora_adapter(await _json(request))
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        return await server.unload_lora_adapter(await _json(request))
+
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(request: Request):
         return await server.init_weights_update_group(await _json(request))
@@ -426,12 +550,13 @@ def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None
         mode = body.get("mode", "abort")
         if mode not in ("abort", "retract", "in_place"):
             return _error(400, f"pause_generation mode must be abort, retract or in_place, got {mode!r}")
-        in_flight = await asyncio.to_thread(engine.pause, mode)
+        in_flight = sum(await asyncio.gather(*[asyncio.to_thread(e.pause, mode) for e in server.engines()]))
         return {"message": f"Generation paused ({mode}); {in_flight} requests were in flight.", "status": "ok"}
 
     @app.post("/continue_generation")
     async def continue_generation():
-        engine.resume()
+        for e in server.engines():
+            e.resume()
         return {"message": "Generation continued.", "status": "ok"}
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
@@ -443,11 +568,11 @@ def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None
     async def abort_request(request: Request):
         body = await _json(request)
         if body.get("abort_all"):
-            return {"success": True, "aborted": engine.abort_all()}
+            return {"success": True, "aborted": sum(e.abort_all() for e in server.engines())}
         rid = body.get("rid")
         if not isinstance(rid, str):
             return _error(400, "send rid (the request id) or abort_all=true")
-        return {"success": True, "aborted": int(engine.abort(rid))}
+        return {"success": True, "aborted": int(any(e.abort(rid) for e in server.engines()))}
 
     @app.post("/release_memory_occupation")
     @app.post("/resume_memory_occupation")
@@ -484,9 +609,10 @@ def create_app(engine: LocalEngine, model_path: str, *, token: str | None = None
                 "max_model_len": engine.max_model_len, "max_queued_requests": cfg.max_queued_requests,
                 "num_running": engine.num_running, "num_waiting": engine.num_waiting, "paused": engine.paused,
                 "weight_version": server.weight_version, "stats": dict(engine.stats), "tp_size": 1,
-                "weight_update_groups": sorted(server._groups)}
+                "weight_update_groups": sorted(server._groups), "enable_lora": server.lora is not None,
+                "loaded_adapters": server.lora.loaded() if server.lora is not None else {}}
 
     return app
 
 
-__all__ = ["WeightsDirError", "check_weights_dir", "create_app"]
+__all__ = ["LoraArgsError", "LoraOptions", "WeightsDirError", "check_weights_dir", "create_app"]

@@ -9,6 +9,10 @@ Works against real SGLang (GPU) and against `agentrl engine serve` (CPU), which 
 With `engine.token_file` every request carries `Authorization: Bearer <token>` (SGLang's `--api-key`, `engine
 serve --token-file`); `start()` checks the token on each server; a 401 is a `ServiceAuthError`, never retried.
 
+LoRA adapters: `load_lora_adapter(name, path)` / `unload_lora_adapter(name)` call SGLang's routes on every server;
+after `set_lora_adapter(name, version)` every /generate names the adapter (`lora_path`) and its tokens record
+`version` (SGLang reports the base weights' label for them). `agentrl.trainer.lora_sync` drives these per step.
+
 Partial rollouts: `pause_generation(mode)` / `continue_generation()` broadcast SGLang's routes around a weight
 update. A request that comes back aborted because this client paused the servers keeps its tokens (each with the
 version its response reported), waits for `continue_generation()` and is resubmitted as prompt + tokens so far for
@@ -64,8 +68,10 @@ class SGLangEngine:
         self._abort_updates = 0  # update_weights(abort_in_flight=True) calls begun so far
         self._aborting = 0  # of them, the ones not answered yet
         # the version of the weights the servers serve: 0 for those they started with ("default"), then the number
-        # of the label of this client's last update_weights (None: a label that is not a number)
+        # of the label of this client's last update_weights (None: a label that is not a number), or the version of
+        # the LoRA adapter set_lora_adapter made active
         self.weight_version: int | None = 0
+        self._lora: tuple[str, int | None] | None = None  # (adapter name every /generate names, its version)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -182,6 +188,9 @@ class SGLangEngine:
             "top_logprobs_num": 0,
             "stream": False,
         }
+        lora = self._lora  # the adapter when this part is sent: a later switch applies to the next part
+        if lora is not None:
+            body["lora_path"] = lora[0]
         # Every request carries a rid so a cancelled call (episode timeout) can stop the server's work on it.
         body["rid"] = rid
         tried: set[int] = set()
@@ -201,7 +210,7 @@ class SGLangEngine:
                 last_error = f"{self.urls[idx]}: {type(e).__name__}: {e}"
             else:
                 if r.status_code == 200:
-                    return self._parse(r, idx)
+                    return self._parse(r, idx, lora)
                 self._check_auth(idx, r)
                 message = _error_message(r)
                 if r.status_code == 400:
@@ -229,18 +238,26 @@ class SGLangEngine:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _parse(self, r: httpx.Response, idx: int) -> Generation:
+    def _parse(self, r: httpx.Response, idx: int, lora: tuple[str, int | None] | None) -> Generation:
         try:
             gen = generation_from_wire(r.json())
         except (ValueError, KeyError, TypeError, IndexError) as e:
             raise EngineError(f"SGLang server {self.urls[idx]} sent an unexpected /generate answer: {e}") from None
         gen.metrics["server"] = self.urls[idx]
+        if lora is not None:
+            # SGLang labels a request's tokens with the base weights' version whatever adapter sampled them; the
+            # adapter named is the one that did (a request holds its adapter until it finishes)
+            gen.metrics["lora_adapter"] = lora[0]
+            if lora[1] is not None:
+                gen.weight_versions = [lora[1]] * len(gen.token_ids)
         return gen
 
     # ------------------------------------------------------------------ control
 
     async def _broadcast(self, method: str, path: str, body: dict | None = None,
-                         timeout: float | None = None) -> list[dict]:
+                         timeout: float | None = None, tolerate: str | None = None) -> list[dict]:
+        """Send the request to every server; raise EngineError naming each one that failed (an answer whose error
+        message holds `tolerate` counts as done)."""
         await self.start()
 
         async def one(i: int) -> dict:
@@ -254,7 +271,10 @@ class SGLangEngine:
             if not isinstance(data, dict):
                 data = {"result": data}
             if r.status_code != 200 or data.get("success") is False:
-                raise EngineError(f"{self.urls[i]}{path} failed: HTTP {r.status_code}: {_error_message(r)}")
+                message = _error_message(r)
+                if tolerate is not None and tolerate in message:
+                    return data
+                raise EngineError(f"{self.urls[i]}{path} failed: HTTP {r.status_code}: {message}")
             return data
 
         results = await asyncio.gather(*[one(i) for i in range(len(self.urls))], return_exceptions=True)
@@ -302,6 +322,35 @@ class SGLangEngine:
         finally:
             self._aborting -= abort_in_flight
         self.weight_version = version_from_label(weight_version) if weight_version is not None else None
+
+    # ------------------------------------------------------------------ LoRA adapters
+
+    @property
+    def lora_adapter(self) -> str | None:
+        """The adapter every /generate names now (None: the base weights)."""
+        return None if self._lora is None else self._lora[0]
+
+    async def load_lora_adapter(self, name: str, path: str | Path) -> list[dict]:
+        """Load the peft adapter directory `path` as `name` on every server (SGLang's `/load_lora_adapter`; the
+        servers need --enable-lora and must read `path`); returns each server's loaded adapters (name -> path).
+        Raises EngineError naming the servers that refused, e.g. a name already loaded there."""
+        body = {"lora_name": name, "lora_path": str(path)}
+        results = await self._broadcast("POST", "/load_lora_adapter", body)
+        return [r.get("loaded_adapters") or {} for r in results]
+
+    async def unload_lora_adapter(self, name: str, *, missing_ok: bool = False) -> None:
+        """Unload adapter `name` from every server (`/unload_lora_adapter`; each finishes its requests naming it
+        first). `missing_ok`: a server that does not hold it counts as done."""
+        await self._broadcast("POST", "/unload_lora_adapter", {"lora_name": name},
+                              tolerate="does not exist" if missing_ok else None)
+
+    def set_lora_adapter(self, name: str | None, version: int | None = None) -> None:
+        """From now on every /generate names adapter `name` (`lora_path`; None: the base weights), and the tokens it
+        samples record weight version `version` (None: the label the servers report), which `weight_version`
+        becomes. Load the adapter on every server first (`load_lora_adapter`)."""
+        self._lora = None if name is None else (name, version)
+        if name is not None:
+            self.weight_version = version
 
     async def pause_generation(self, mode: str = "abort") -> None:
         """Pause every server (`/pause_generation`) before a weight update. "abort": requests in flight return
@@ -358,6 +407,8 @@ def _error_message(r: httpx.Response) -> str:
             return str(err["message"])
         if isinstance(err, str):  # SGLang's 401: {"error": "Unauthorized"}
             return err
+        if data.get("error_message"):  # SGLang's LoRA routes
+            return str(data["error_message"])
         if "message" in data:
             return str(data["message"])
         if "detail" in data:
