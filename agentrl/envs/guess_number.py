@@ -1,5 +1,6 @@
 """`guess_number`: a multi-turn text game with no tools. The model guesses a secret integer; the game answers
-"Higher." or "Lower." until the guess is right or the guesses run out.
+"Higher" or "Lower" with the interval still open ("Higher: from 9 to 12. 3 left.") until the guess is right or
+the guesses run out.
 
 Task row: {"env": {"name": "guess_number", "kwargs": {"secret": 5, "low": 1, "high": 8, "max_guesses": 4}},
 "prompt": [...]} (`agentrl data make guess`); without a prompt, reset() writes the rules as the user message.
@@ -60,10 +61,11 @@ class GuessNumberEnv:
         if left <= 0:
             return StepResult([{"role": "user", "content": f"Out of guesses. It was {self.secret}."}], reward, True,
                               {**info, "solved": False})
+        lo, hi = self.possible
         if guess is None:
-            text = f"Answer with one number from {self.low} to {self.high}."
+            text = f"Answer with one number from {lo} to {hi}."
         else:
-            text = "Higher." if guess < self.secret else "Lower."
+            text = f"{'Higher' if guess < self.secret else 'Lower'}: from {lo} to {hi}."
         return StepResult([{"role": "user", "content": f"{text} {left} left."}], reward, False, info)
 
     async def close(self) -> None:

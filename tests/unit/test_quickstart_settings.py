@@ -36,7 +36,7 @@ def test_each_recipe_file_loads_as_its_phases_config():
     train = load_config(TrainConfig, RECIPE_DIR / "train.yaml")
     assert train.rollout.temperature == pytest.approx(0.7) and train.trainer.total_steps == 200
     variants = sorted(p.name for p in RECIPE_DIR.iterdir() if p.is_dir())
-    assert variants == ["async", "code", "smoke", "with-code"]
+    assert variants == ["async", "code", "guess", "smoke", "with-code"]
     for folder in variants:  # overlays hold only the three files, each over its own recipe file
         assert {p.name for p in (RECIPE_DIR / folder).iterdir()} <= {"quickstart.yaml", "sft.yaml", "train.yaml"}
         tree = merge(read_folder(RECIPE_DIR), read_folder(RECIPE_DIR / folder))
@@ -49,7 +49,8 @@ def test_agentrl_train_runs_train_yaml_once_the_run_time_values_are_given(capsys
     assert "clip_ratio_high: 0.28" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [[], ["--suites", "code"], ["--smoke"], ["--suites", "code", "--smoke"]])
+@pytest.mark.parametrize("argv", [[], ["--suites", "code"], ["--smoke"], ["--suites", "code", "--smoke"],
+                                  ["--suites", "guess"], ["--suites", "guess", "--smoke"]])
 def test_values_that_follow_from_others_are_written_out_consistently(argv):
     """The files write out what the quickstart used to compute: they must still agree with each other."""
     train = settings(*argv).train
@@ -94,7 +95,7 @@ def test_a_smoke_run_is_the_smoke_overlay_in_its_own_run_directory():
     assert build_parser().parse_args(["quickstart", "--smoke"]).run_dir is None
     assert SMOKE_RUN_DIR == "runs/quickstart-smoke"
     assert (smoke.sft.sft.max_steps, smoke.train.trainer.total_steps, smoke.train.rollout.n) == (4, 2, 2)
-    assert smoke.data.demos == {"calc": 16, "lookup": 16, "code": 16} and smoke.eval.sampled_n == 2
+    assert smoke.data.demos == {"calc": 16, "lookup": 16, "code": 16, "guess": 16} and smoke.eval.sampled_n == 2
     assert not smoke.train.algorithm.filter_zero_variance_groups  # both steps update, whatever the rewards
     assert (full.sft.sft.max_steps, full.train.trainer.total_steps) == (225, 200)
 

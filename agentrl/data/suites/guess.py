@@ -4,7 +4,7 @@ A task is a range [low, high] and a secret in it; the environment answers each g
 "Lower." and rewards the turns (see agentrl/envs/guess_number.py). The skill is halving the interval the
 answers leave open: `max_guesses` is ceil(log2(size)) + 1, one more than binary search needs.
 
-Splits differ in their ranges: low in 1-20 and 7-15 numbers per range for both, but a range (low, high)
+Splits differ in their ranges: low in 1-60 and 7-15 numbers per range for both, but a range (low, high)
 belongs to exactly one split (about one range in four is held out), so held-out games ask for intervals and
 midpoints never seen in training.
 """
@@ -28,7 +28,7 @@ def max_guesses(low: int, high: int) -> int:
 def make_tasks(split: str, n: int, seed: int = 0) -> list[dict]:
     """`n` distinct games of `split` ("train" | "heldout"), fully determined by the arguments."""
     rng = split_rng(NAME, split, seed)
-    ranges = [(low, low + size - 1) for low in range(1, 21) for size in range(7, 16)
+    ranges = [(low, low + size - 1) for low in range(1, 61) for size in range(7, 16)
               if heldout_only(f"guess/{low}-{low + size - 1}") == (split == "heldout")]
 
     def one() -> dict:

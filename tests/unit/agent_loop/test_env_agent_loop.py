@@ -43,7 +43,7 @@ async def test_guess_number_episode_is_token_exact_with_per_turn_rewards(tokeniz
     # 4 is open (0), 1 was ruled out by "Higher" (-0.1), 6 is open (0), 5 is right (1)
     assert episode.turn_rewards == [0.0, -0.1, 0.0, 1.0] and episode.num_turns == 4
     assert [m["content"] for m in episode.messages if m["role"] == "user"][1:] == \
-        ["Higher. 5 left.", "Higher. 4 left.", "Lower. 3 left."]
+        ["Higher: from 5 to 8. 5 left.", "Higher: from 5 to 8. 4 left.", "Lower: from 5 to 5. 3 left."]
     assert not episode.infra_error and episode.replay["env"]["name"] == "guess_number"
     assert episode.turns[-1]["env"] == {"reward": 1.0, "done": True, "info": {"guess": 5, "possible": [5, 5],
                                                                               "solved": True}}
