@@ -137,6 +137,7 @@ class ForkSessionResponse(BaseModel):
 class RunCellRequest(BaseModel):
     code: str
     timeout: float = 10
+    track_workspace: bool = False  # answer workspace_changed (the interpreter stats the work dir after the cell)
 
 
 class CellError(BaseModel):
@@ -155,4 +156,5 @@ class RunCellResponse(BaseModel):
     exit_reason: ExitReason = ExitReason.exit
     truncated: bool = False
     execution_time: float = 0.0
-    workspace_changed: bool | None = None  # the work dir changed in this cell (None: past the snapshot limits)
+    # the work dir changed since the last cell that tracked it (None: not tracked, or past the snapshot limits)
+    workspace_changed: bool | None = None

@@ -367,7 +367,7 @@ def create_app(cfg: SandboxConfig | None = None, *, token: str | None = None) ->
         async with svc.admission.slot():
             async with svc.sessions.use(session_id) as session:
                 try:
-                    result = await session.proc.run_cell(req.code, timeout)
+                    result = await session.proc.run_cell(req.code, timeout, req.track_workspace)
                     session.log.record(req.code, result)
                     return result
                 except BackendError as e:

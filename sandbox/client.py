@@ -206,11 +206,13 @@ class SandboxClient:
             self._session_url[child] = base
         return children
 
-    async def run_cell(self, session_id: str, code: str, timeout: float = 10) -> dict:
+    async def run_cell(self, session_id: str, code: str, timeout: float = 10, track_workspace: bool = False) -> dict:
         """Run one cell in a session: {status: ok|error|timeout, stdout, stderr, error, execution_count,
-        restarted, ...}. A cell is not retried once sent (it may have changed the session's state)."""
+        restarted, workspace_changed (with `track_workspace`), ...}. A cell is not retried once sent (it may have
+        changed the session's state)."""
         base = self._session_url.get(session_id, self.base_urls[0])
-        resp = await self._request("POST", base, f"/sessions/{session_id}/run", json={"code": code, "timeout": timeout},
+        body = {"code": code, "timeout": timeout, "track_workspace": track_workspace}
+        resp = await self._request("POST", base, f"/sessions/{session_id}/run", json=body,
                                    timeout=self.timeout + float(timeout), retry=False)
         self._check_4xx(resp, f"cell in session {session_id}")
         return resp.json()

@@ -161,7 +161,9 @@ class SessionProc:
             return None
         return frame
 
-    async def run_cell(self, code: str, timeout: float) -> dict:
+    async def run_cell(self, code: str, timeout: float, track_workspace: bool = False) -> dict:
+        """Run one cell; with `track_workspace` the result says whether the work dir changed since the last cell
+        that asked (`workspace_changed`; otherwise None): the interpreter stats the work dir after the cell."""
         async with self.lock:
             restarted = False
             if not self.alive:
@@ -178,8 +180,8 @@ class SessionProc:
             started = time.monotonic()
             status, reason, frame = "ok", "exit", None
             try:
-                await self._send({"op": "cell", "id": cell_id, "code": code, "n": self.execution_count,
-                                  "ws": self._limits})
+                msg = {"op": "cell", "id": cell_id, "code": code, "n": self.execution_count}
+                await self._send({**msg, "ws": self._limits} if track_workspace else msg)
                 frame = await self._wait_limited(cell_id, timeout)
             except (BrokenPipeError, ConnectionResetError):
                 frame = None
@@ -187,7 +189,7 @@ class SessionProc:
                 status, reason = "timeout", "output_limit" if self._over_limit else "timeout"
                 frame = await self._interrupt(cell_id)
             elapsed = time.monotonic() - started
-            error, changed = None, True  # an interpreter that was replaced has a fresh work dir
+            error, changed = None, track_workspace or None  # a replaced interpreter has a fresh work dir
             if frame is not None:
                 changed = frame.get("changed")
                 with contextlib.suppress(asyncio.TimeoutError):

@@ -7,7 +7,7 @@ still running. After a cell, its stdout/stderr are flushed and an end marker car
 both, so the host can cut the streams per cell; then a result frame goes to RESULT_FD:
 `{"id", "ok", "error": {"name", "value", "traceback"} | None, "changed"}`. As in Jupyter, a final expression's
 repr is printed. A cell that carries the snapshot limits (`"ws": [max_bytes, max_files]`) is answered with whether
-the work dir changed since the last cell (None: past those limits); between cells, `{"op": "snapshot"}` answers
+the work dir changed since the last such cell (None: past those limits); between cells, `{"op": "snapshot"}` answers
 with the work dir's files and `{"op": "lay_down", "entries"}` makes the work dir hold exactly those
 (workspace_src.py).
 """

@@ -20,11 +20,11 @@ def _open_dir(name, dir_fd):
     return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
-def _walk(fd, prefix, visit):
-    """Call `visit(path, name, lstat, dir_fd)` for everything below the directory open at `fd`, names sorted,
-    a directory before what it holds; a directory that cannot be opened is visited, not entered."""
+def _walk(fd, prefix, visit, ordered=True):
+    """Call `visit(path, name, lstat, dir_fd)` for everything below the directory open at `fd`, a directory before
+    what it holds (names sorted if `ordered`); a directory that cannot be opened is visited, not entered."""
     with os.scandir(fd) as it:
-        entries = sorted(it, key=lambda e: e.name)
+        entries = sorted(it, key=lambda e: e.name) if ordered else list(it)
     for entry in entries:
         st = entry.stat(follow_symlinks=False)
         path = prefix + entry.name
@@ -35,7 +35,7 @@ def _walk(fd, prefix, visit):
             except OSError:
                 continue
             try:
-                _walk(sub, path + "/", visit)
+                _walk(sub, path + "/", visit, ordered)
             finally:
                 os.close(sub)
 
@@ -43,7 +43,7 @@ def _walk(fd, prefix, visit):
 def _workspace_stamp(root, max_bytes, max_files):
     """A hash of the work dir's metadata (path, type, mode, size, inode, mtime and ctime of every entry): any change
     to a file changes it (ctime cannot be set back). None past the snapshot limits (more than `max_files` entries
-    or `max_bytes` in files), where no snapshot would be taken."""
+    or `max_bytes` in files), where no snapshot would be taken: it stats at most `max_files` + 1 entries."""
     items = []
     total = [0]
 
@@ -56,12 +56,12 @@ def _workspace_stamp(root, max_bytes, max_files):
 
     fd = _open_dir(root, None)
     try:
-        _walk(fd, "", visit)
+        _walk(fd, "", visit, ordered=False)
     except _OverLimit:
         return None
     finally:
         os.close(fd)
-    return hash(tuple(items))
+    return hash(frozenset(items))
 
 
 def _read_file(name, dir_fd, limit):

@@ -236,10 +236,12 @@ async def python(code: str, *, session: PythonSession) -> str:
     metrics = {}
     try:
         try:
-            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s)
+            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s,
+                                                 track_workspace=session.restore_lost)
         except SessionNotFoundError:  # the episode survives a lost interpreter: rebuilt, then the cell runs
             metrics = await session.restore()
-            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s)
+            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s,
+                                                 track_workspace=session.restore_lost)
         session.record(code, cell)
         metrics.update(await session.track_workspace(cell))
     except SandboxInfraError as e:

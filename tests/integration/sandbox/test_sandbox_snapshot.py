@@ -86,23 +86,30 @@ def test_a_restored_session_has_the_snapshots_files_exactly_and_its_state_replay
             assert _snapshot(http, target)["digest"] == snap["digest"]
 
 
+def _tracked(http, sid: str, code: str) -> dict:
+    resp = http.post(f"/sessions/{sid}/run", json={"code": code, "timeout": 5, "track_workspace": True})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
 def test_each_cell_says_whether_it_changed_the_work_dir(http):
     with python_session(http) as sid:
-        changed = [cell(http, sid, code)["workspace_changed"] for code in (
+        assert cell(http, sid, "open('untracked.txt', 'w').close()")["workspace_changed"] is None  # not asked
+        changed = [_tracked(http, sid, code)["workspace_changed"] for code in (
             "import os\nx = 1",  # the first cell: nothing to compare with
             "y = x + 1", "open('a.txt', 'w').write('a')", "print(open('a.txt').read())",
             "open('a.txt', 'a').write('b')", "os.utime('a.txt', (0, 0))", "os.chmod('a.txt', 0o600)",
             "os.mkdir('d')", "len(os.listdir('d'))", "os.rmdir('d')", "os.remove('a.txt')", "z = 3")]
         assert changed == [True, False, True, False, True, True, True, True, False, True, True, False]
-        big = cell(http, sid, "open('big.bin', 'wb').write(b'0' * (7 << 20))")  # past snapshot_max_bytes (6 MiB)
+        big = _tracked(http, sid, "open('big.bin', 'wb').write(b'0' * (7 << 20))")  # past snapshot_max_bytes (6 MiB)
         assert big["workspace_changed"] is None
         resp = http.get(f"/sessions/{sid}/snapshot")
         assert resp.status_code == 413 and "snapshot_max_bytes" in resp.json()["detail"], resp.text
-        assert cell(http, sid, "os.remove('big.bin')")["workspace_changed"] is True
-        many = cell(http, sid, "for i in range(1100):\n    open(f'f{i}', 'w').close()")
+        assert _tracked(http, sid, "os.remove('big.bin')")["workspace_changed"] is True
+        many = _tracked(http, sid, "for i in range(1100):\n    open(f'f{i}', 'w').close()")
         assert many["workspace_changed"] is None
         assert "snapshot_max_files" in http.get(f"/sessions/{sid}/snapshot").json()["detail"]
-        died = cell(http, sid, "import os\nos._exit(3)")
+        died = _tracked(http, sid, "import os\nos._exit(3)")
         assert died["restarted"] and died["workspace_changed"] is True  # a new interpreter, a new work dir
 
 
