@@ -98,15 +98,17 @@ def checked(entries: list[Entry], cfg: SandboxConfig, what: str) -> list[Entry]:
                 raise SnapshotError(f"{what}: its files hold more than snapshot_max_bytes ({cfg.snapshot_max_bytes}) "
                                     "bytes: delete files from the work dir, or raise the limit", 413)
         found[path] = entry._replace(path=path, mode=entry.mode & 0o777)
+    dirs: set[str] = set()  # checked directories, their parents included
     for path in list(found):
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            parent = "/".join(parts[:i])
+        parent = path.rpartition("/")[0]
+        while parent and parent not in dirs:
             have = found.get(parent)
             if have is None:
                 found[parent] = Entry(parent, "dir", 0o755, found[path].mtime_ns)
             elif have.kind != "dir":
                 raise SnapshotError(f"{what}: {path!r} lies below {parent!r}, which is a file", 400)
+            dirs.add(parent)
+            parent = parent.rpartition("/")[0]
     if len(found) > cfg.snapshot_max_files:
         raise SnapshotError(f"{what}: it holds {len(found)} files and directories, more than snapshot_max_files "
                             f"({cfg.snapshot_max_files})", 413)
@@ -124,12 +126,13 @@ def digest(entries: list[Entry]) -> str:
 
 
 def to_tar(entries: list[Entry]) -> bytes:
-    """A POSIX (pax) tar of `entries` (checked), built in memory; mtimes to the microsecond."""
+    """A POSIX tar of `entries` (checked), built in memory; mtimes in whole seconds, as ustar headers hold them
+    (a pax header per member for finer ones would double the tar of small files and the time to read it)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for entry in entries:
             info = tarfile.TarInfo(entry.path)
-            info.mode, info.mtime = entry.mode, entry.mtime_ns / 1e9
+            info.mode, info.mtime = entry.mode, entry.mtime_ns // 10**9
             if entry.kind == "dir":
                 info.type = tarfile.DIRTYPE
                 tar.addfile(info)
