@@ -1,4 +1,4 @@
-"""The sandbox HTTP service: SandboxFusion `/run_code`, sessions, `/v1/ping`, `/health`.
+"""The sandbox HTTP service: SandboxFusion `/run_code`, sessions (forks, workspace snapshots), `/v1/ping`, `/health`.
 
 Status semantics: `Success` = the program finished with exit code 0; `Failed` = anything the code did (non-zero
 exit, timeout, OOM, output flood, fork bomb, signal); `SandboxError` = the sandbox itself failed (clients retry

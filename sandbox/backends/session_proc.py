@@ -251,6 +251,9 @@ class SessionProc:
                 if self.alive and cg is not None:
                     cg.freeze()
             if frame is None:
+                # An interpreter that just died (a closed control pipe) is reported by its pid 1 a moment later:
+                # wait for that report, so that `alive` tells a death from a timeout.
+                await asyncio.wait(self._readers[2:], timeout=2)
                 raise BackendError(f"its interpreter did not answer the {msg['op']} (it died or timed out)")
             return frame
 
