@@ -148,6 +148,18 @@ def _open_path(root_fd, path):
     return fd
 
 
+def _settle(fd, mode, mtime_ns, data=None):
+    """Write `data` (a regular file's), set the mode and mtime of what `fd` is open on, and close it."""
+    try:
+        view = memoryview(data) if data is not None else b""
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode & 0o777)
+        os.utime(fd, ns=(mtime_ns, mtime_ns))
+    finally:
+        os.close(fd)
+
+
 def _lay_down(root, entries):
     """Make the work dir hold exactly `entries` ([path, "dir" | "file", mode, mtime_ns, base64 data], checked by
     the host: relative normalised paths, a directory before what it holds): what else is there goes, a regular
@@ -190,24 +202,12 @@ def _lay_down(root, entries):
                     fd = os.open(name, flags, dir_fd=dir_fd)
                 except FileNotFoundError:
                     fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
-                try:
-                    view = memoryview(binascii.a2b_base64(data))
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fchmod(fd, mode & 0o777)
-                    os.utime(fd, ns=(mtime_ns, mtime_ns))
-                finally:
-                    os.close(fd)
+                _settle(fd, mode, mtime_ns, binascii.a2b_base64(data))
             finally:
                 os.close(dir_fd)
         for path, kind, mode, mtime_ns, _ in reversed(entries):  # a directory's mode and mtime after its contents
             if kind == "dir":
-                fd = _open_path(root_fd, path)
-                try:
-                    os.fchmod(fd, mode & 0o777)
-                    os.utime(fd, ns=(mtime_ns, mtime_ns))
-                finally:
-                    os.close(fd)
+                _settle(_open_path(root_fd, path), mode, mtime_ns)
     finally:
         os.close(root_fd)
     try:

@@ -24,9 +24,11 @@ is exactly the snapshot's whatever the replay wrote (a cell that draws random nu
 other files when replayed; laid down first, the files would be overwritten by it); the interpreter's state comes
 from the replay. The result's metrics say `sandbox_restored`, `replayed_cells`, `restored_files` and
 `restore_diverged` (1 when the replay wrote other files than the snapshot holds: the interpreter's variables may
-then disagree with the files). A work dir past the sandbox's snapshot limits is rebuilt by the replay alone. A
-state built by a timed-out cell (partial effects) is not rebuilt: the episode is then an infra error, as it is
-for any lost session with `restore: false`. See sandbox/snapshot.py for what a restore guarantees.
+then disagree with the files). Each open episode holds its latest snapshot (at most the sandbox's
+`snapshot_max_bytes`, base64) and its replay log (REPLAY_LOG_BYTES). A work dir past the sandbox's snapshot limits
+is rebuilt by the replay alone. A state built by a timed-out cell (partial effects) is not rebuilt: the episode
+is then an infra error, as it is for any lost session with `restore: false`. See sandbox/snapshot.py for what a
+restore guarantees.
 """
 
 from __future__ import annotations
