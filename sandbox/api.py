@@ -89,15 +89,45 @@ class RunCodeResponse(BaseModel):
     memory_peak_MB: float | None = None
 
 
+class RestoreRequest(BaseModel):
+    """A snapshot to restore (`POST /sessions/{id}/restore`, or `snapshot` of `POST /sessions`): the cells are
+    replayed first, then the work dir is made to hold exactly the tar's files. What `GET /sessions/{id}/snapshot`
+    answered can be sent as is (its other fields are ignored)."""
+
+    workspace: str | None = None  # base64 of an uncompressed tar: directories and regular files only
+    cells: list[str] = Field(default_factory=list)
+    replayable: bool = True  # the snapshot's: false when its cells cannot rebuild the state (then send none)
+    timeout: float = 10  # per replayed cell
+
+
+class RestoreResponse(BaseModel):
+    replayed_cells: int
+    diverged: bool | None = None  # the replay wrote other files than the snapshot's (None: no workspace given)
+    digest: str | None = None  # the restored work dir's (SnapshotResponse.digest)
+    files: int = 0
+
+
+class SnapshotResponse(BaseModel):
+    workspace: str  # base64 of a tar of the work dir: its directories and regular files
+    digest: str  # sha256 of the files' paths, kinds, modes and contents (not their times)
+    files: int
+    bytes: int  # the files' bytes in all
+    skipped: list[str] = Field(default_factory=list)  # symlinks, fifos, sockets, devices: not in a snapshot
+    cells: list[str] = Field(default_factory=list)  # the cells that built the interpreter's state, oldest first
+    replayable: bool = True  # false when they cannot rebuild it (a cell timed out, or past snapshot_log_bytes)
+
+
 class CreateSessionRequest(BaseModel):
     language: str = "python"
     memory_limit_MB: int = -1
     idle_ttl_s: float = -1
     forkable: bool = False  # a fork source (`POST /sessions/{id}/fork`); see docs/sandbox.md on its filter
+    snapshot: RestoreRequest | None = None  # start from a snapshot (replayed, then its files laid down)
 
 
 class CreateSessionResponse(BaseModel):
     session_id: str
+    restore: RestoreResponse | None = None
 
 
 class ForkSessionResponse(BaseModel):
@@ -107,6 +137,7 @@ class ForkSessionResponse(BaseModel):
 class RunCellRequest(BaseModel):
     code: str
     timeout: float = 10
+    track_workspace: bool = False  # answer workspace_changed (the interpreter stats the work dir after the cell)
 
 
 class CellError(BaseModel):
@@ -125,3 +156,5 @@ class RunCellResponse(BaseModel):
     exit_reason: ExitReason = ExitReason.exit
     truncated: bool = False
     execution_time: float = 0.0
+    # the work dir changed since the last cell that tracked it (None: not tracked, or past the snapshot limits)
+    workspace_changed: bool | None = None

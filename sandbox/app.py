@@ -1,4 +1,4 @@
-"""The sandbox HTTP service: SandboxFusion `/run_code`, sessions, `/v1/ping`, `/health`.
+"""The sandbox HTTP service: SandboxFusion `/run_code`, sessions (forks, workspace snapshots), `/v1/ping`, `/health`.
 
 Status semantics: `Success` = the program finished with exit code 0; `Failed` = anything the code did (non-zero
 exit, timeout, OOM, output flood, fork bomb, signal); `SandboxError` = the sandbox itself failed (clients retry
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import logging
 import os
@@ -26,20 +27,27 @@ from sandbox.api import (
     CreateSessionRequest,
     CreateSessionResponse,
     ForkSessionResponse,
+    RestoreRequest,
+    RestoreResponse,
     RunCellRequest,
     RunCellResponse,
     RunCodeRequest,
     RunCodeResponse,
+    SnapshotResponse,
     check_files,
 )
 from sandbox.backends.base import Backend, BackendError, ExecRequest, ExecResult, available_languages
 from sandbox.config import SandboxConfig
 from sandbox.sessions import SessionConflict, SessionLimit, SessionManager, SessionNotFound
+from sandbox.snapshot import Entry, SnapshotError, digest, from_tar, restore, snapshot_of, to_tar
 
 log = logging.getLogger("sandbox")
 
 LANGUAGE_ALIASES = {"python3": "python", "py": "python", "node": "javascript", "js": "javascript",
                     "shell": "bash", "c++": "cpp", "cxx": "cpp"}
+
+
+SNAPSHOTS_AT_ONCE = 2
 
 
 class BadRequest(Exception):
@@ -121,10 +129,13 @@ class Service:
         self.canary: dict = {}
         self._canary_lock = asyncio.Lock()
         self.counts = {"requests": 0, "sandbox_errors": 0}
+        # Snapshots and restores that move a work dir's files at once: each holds a few copies of up to
+        # snapshot_max_bytes in the service's memory while it runs.
+        self.transfers = asyncio.Semaphore(SNAPSHOTS_AT_ONCE)
 
     async def start(self) -> None:
         self.backend = await make_backend(self.cfg)
-        self.sessions = SessionManager(self.backend, self.cfg.max_sessions)
+        self.sessions = SessionManager(self.backend, self.cfg.max_sessions, self.cfg.snapshot_log_bytes)
         self.sessions.start()
         await self.run_canary()
         if not self.canary["ok"]:
@@ -238,6 +249,10 @@ def create_app(cfg: SandboxConfig | None = None, *, token: str | None = None) ->
     async def _conflict(request: Request, exc: SessionConflict):
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    @app.exception_handler(SnapshotError)
+    async def _snapshot(request: Request, exc: SnapshotError):
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
     @app.exception_handler(SessionLimit)
     async def _full(request: Request, exc: SessionLimit):
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
@@ -281,13 +296,57 @@ def create_app(cfg: SandboxConfig | None = None, *, token: str | None = None) ->
         ttl = cfg.default_idle_ttl_s if req.idle_ttl_s <= 0 else req.idle_ttl_s
         if ttl > cfg.max_idle_ttl_s:
             raise BadRequest(f"idle_ttl_s: {ttl} exceeds the maximum of {cfg.max_idle_ttl_s:g}")
+        snapshot = restore_input(req.snapshot, "snapshot.") if req.snapshot is not None else None
         try:
             session = await svc.sessions.create("python", svc.memory_mb(req.memory_limit_MB), ttl, req.forkable)
         except BackendError as e:
             return JSONResponse({"detail": f"could not start a session interpreter: {e}"}, status_code=500)
         except ValueError as e:
             raise BadRequest(f"forkable: {e}") from None
-        return CreateSessionResponse(session_id=session.id)
+        if snapshot is None:
+            return CreateSessionResponse(session_id=session.id)
+        try:
+            restored = await restore_into(session.id, *snapshot)
+        except BaseException:
+            with contextlib.suppress(SessionNotFound):
+                await svc.sessions.delete(session.id)
+            raise
+        return CreateSessionResponse(session_id=session.id, restore=restored)
+
+    def restore_input(req: RestoreRequest, field: str = "") -> tuple[list[str], list[Entry] | None, float]:
+        """(cells, checked entries or None, timeout) of a restore request; 400/413 before any session is touched."""
+        timeout = svc.timeout(req.timeout, f"{field}timeout")
+        if not req.replayable and req.cells:
+            raise BadRequest(f"{field}replayable: false, so its cells cannot rebuild the state (a cell timed out, or "
+                             f"the log passed snapshot_log_bytes): send {field}cells: [] to restore its files alone")
+        if req.workspace is None:
+            return req.cells, None, timeout
+        try:
+            data = base64.b64decode(req.workspace, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise BadRequest(f"{field}workspace: not valid base64 ({e})") from None
+        return req.cells, from_tar(data, cfg), timeout
+
+    async def restore_into(session_id: str, cells: list[str], entries: list[Entry] | None,
+                           timeout: float) -> RestoreResponse:
+        svc.sessions.get(session_id)
+        async with svc.admission.slot(), svc.sessions.use(session_id) as session:
+            return RestoreResponse(**await restore(session, cfg, cells, entries, timeout, svc.transfers))
+
+    @app.post("/sessions/{session_id}/restore", response_model=RestoreResponse)
+    async def restore_session(session_id: str, req: RestoreRequest):
+        return await restore_into(session_id, *restore_input(req))
+
+    @app.get("/sessions/{session_id}/snapshot", response_model=SnapshotResponse)
+    async def snapshot_session(session_id: str):
+        svc.sessions.get(session_id)
+        async with svc.admission.slot(), svc.transfers, svc.sessions.use(session_id) as session:
+            entries, skipped = await snapshot_of(session, cfg)
+            cells, replayable = list(session.log.cells), session.log.replayable
+        return SnapshotResponse(workspace=base64.b64encode(to_tar(entries)).decode(), digest=digest(entries),
+                                files=sum(e.kind == "file" for e in entries),
+                                bytes=sum(len(e.data) for e in entries), skipped=skipped, cells=cells,
+                                replayable=replayable)
 
     @app.post("/sessions/{session_id}/fork", response_model=ForkSessionResponse)
     async def fork_session(session_id: str, n: int = 1):
@@ -308,7 +367,9 @@ def create_app(cfg: SandboxConfig | None = None, *, token: str | None = None) ->
         async with svc.admission.slot():
             async with svc.sessions.use(session_id) as session:
                 try:
-                    return await session.proc.run_cell(req.code, timeout)
+                    result = await session.proc.run_cell(req.code, timeout, req.track_workspace)
+                    session.log.record(req.code, result)
+                    return result
                 except BackendError as e:
                     return JSONResponse({"detail": f"session interpreter could not be restarted: {e}"},
                                         status_code=500)

@@ -3,6 +3,7 @@
     agentrl bench sandbox [--requests 200] [--concurrency 1,8,32] [--cells 200] [--url http://...]
     agentrl bench sandbox --language cpp [--requests 40] [--concurrency 1,4]
     agentrl bench sandbox --fork [--forks 8] [--state-mb 100]      (sandbox/bench_fork.py)
+    agentrl bench sandbox --snapshot [--cells 200] [--files 0,100,1000]   (sandbox/bench_snapshot.py)
 
 Starts its own service (bwrap + cgroups, full isolation) unless --url is given, runs the same trivial snippet
 through the HTTP API and as bare processes in the same run, and prints requests/s, p50/p99 latency and the
@@ -43,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="n sessions in a prepared state: fork one vs run the setup n times (bench_fork.py)")
     p.add_argument("--forks", type=int, default=8, help="with --fork: sessions to prepare (n)")
     p.add_argument("--state-mb", type=int, default=100, help="with --fork: size of the setup's numpy array")
+    p.add_argument("--snapshot", action="store_true",
+                   help="what workspace snapshots cost a cell, a snapshot and a restore (bench_snapshot.py)")
+    p.add_argument("--files", default="0,100,1000",
+                   help="with --snapshot: comma-separated work dir sizes, in 1 KiB files")
     p.add_argument("--url", default=None, help="benchmark a running service instead of starting one")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="SandboxConfig override for the service this benchmark starts")
@@ -283,6 +288,19 @@ def run(args: argparse.Namespace) -> int:
 
         def bench(url: str, args: argparse.Namespace):
             return bench_fork(url, args, _service_cpu_s)
+    if args.snapshot:
+        from sandbox.bench_snapshot import bench_snapshot
+
+        given = args.files
+        try:
+            args.files = [int(n) for n in given.split(",")]
+        except ValueError:
+            args.files = [-1]
+        if args.cells < 1 or min(args.files) < 0:
+            print(f"error: --files {given!r} must be comma-separated file counts >= 0, and --cells at least 1",
+                  file=sys.stderr)
+            return 2
+        bench = bench_snapshot
     if args.url:
         return asyncio.run(bench(args.url.rstrip("/"), args))
     port = free_port()

@@ -174,6 +174,26 @@ class SandboxClient:
         self._session_url[session_id] = base
         return session_id
 
+    async def snapshot(self, session_id: str) -> dict:
+        """`GET /sessions/{id}/snapshot`: {workspace (base64 tar), digest, files, bytes, skipped, cells,
+        replayable}. A work dir past the service's snapshot limits is a SandboxRequestError with status 413."""
+        base = self._session_url.get(session_id, self.base_urls[0])
+        resp = await self._request("GET", base, f"/sessions/{session_id}/snapshot", json=None,
+                                   timeout=self.timeout, retry=False)
+        self._check_4xx(resp, f"a snapshot of session {session_id}")
+        return resp.json()
+
+    async def restore(self, session_id: str, cells: list[str], workspace: str | None = None,
+                      timeout: float = 10) -> dict:
+        """Replay `cells` in the session, then lay down the snapshot's `workspace` (base64 tar; None: keep what
+        the replay wrote): {replayed_cells, diverged, digest, files}. Not retried (the cells change the state)."""
+        base = self._session_url.get(session_id, self.base_urls[0])
+        body = {"cells": cells, "workspace": workspace, "timeout": timeout}
+        resp = await self._request("POST", base, f"/sessions/{session_id}/restore", json=body,
+                                   timeout=self.timeout + float(timeout) * (len(cells) + 1), retry=False)
+        self._check_4xx(resp, f"restoring session {session_id}")
+        return resp.json()
+
     async def fork(self, session_id: str, n: int) -> list[str]:
         """`n` new sessions whose state is `session_id`'s now (copy-on-write), on the same service. Not retried
         (a fork that timed out may have made sessions; they are reaped when idle)."""
@@ -186,11 +206,13 @@ class SandboxClient:
             self._session_url[child] = base
         return children
 
-    async def run_cell(self, session_id: str, code: str, timeout: float = 10) -> dict:
+    async def run_cell(self, session_id: str, code: str, timeout: float = 10, track_workspace: bool = False) -> dict:
         """Run one cell in a session: {status: ok|error|timeout, stdout, stderr, error, execution_count,
-        restarted, ...}. A cell is not retried once sent (it may have changed the session's state)."""
+        restarted, workspace_changed (with `track_workspace`), ...}. A cell is not retried once sent (it may have
+        changed the session's state)."""
         base = self._session_url.get(session_id, self.base_urls[0])
-        resp = await self._request("POST", base, f"/sessions/{session_id}/run", json={"code": code, "timeout": timeout},
+        body = {"code": code, "timeout": timeout, "track_workspace": track_workspace}
+        resp = await self._request("POST", base, f"/sessions/{session_id}/run", json=body,
                                    timeout=self.timeout + float(timeout), retry=False)
         self._check_4xx(resp, f"cell in session {session_id}")
         return resp.json()

@@ -47,6 +47,11 @@ class SandboxConfig(ConfigModel):
     default_idle_ttl_s: float = 600.0
     max_idle_ttl_s: float = 3600.0
     session_interrupt_grace_s: float = 1.0
+    # workspace snapshots (GET /sessions/{id}/snapshot, restore): the bytes of a snapshot's files in all, how
+    # many files and directories it holds, and the code of the cells it carries (kept per live session)
+    snapshot_max_bytes: int = Field(6 * 1024 * 1024, gt=0)
+    snapshot_max_files: int = Field(1024, gt=0)
+    snapshot_log_bytes: int = Field(512 * 1024, gt=0)
     # docker backend
     docker_image: str = "python:3.11-slim"
 
@@ -65,10 +70,21 @@ class SandboxConfig(ConfigModel):
         if self.default_memory_mb > self.max_memory_mb:
             raise ValueError(f"SandboxConfig.default_memory_mb ({self.default_memory_mb}) exceeds max_memory_mb "
                              f"({self.max_memory_mb})")
+        if 4 * (self.snapshot_tar_bytes // 3 + 1) + 6 * self.snapshot_log_bytes > self.max_body_bytes:
+            raise ValueError(f"SandboxConfig.max_body_bytes ({self.max_body_bytes}) cannot hold a restore of the "
+                             f"largest snapshot (snapshot_max_bytes {self.snapshot_max_bytes}, snapshot_max_files "
+                             f"{self.snapshot_max_files}, snapshot_log_bytes {self.snapshot_log_bytes}): raise it "
+                             "or lower those")
         if self.host_uid_base + self.host_uid_count > 2**32 - 2:
             raise ValueError(f"SandboxConfig.host_uid_base/host_uid_count: {self.host_uid_base} + "
                              f"{self.host_uid_count} must be a range of uids in 1..4294967294")
         return self
+
+
+    @property
+    def snapshot_tar_bytes(self) -> int:
+        """The largest snapshot tar: the files' bytes plus at most 2 KiB of headers and padding per member."""
+        return self.snapshot_max_bytes + 2048 * self.snapshot_max_files + 10240
 
 
 def _subordinate_range(path: str, user: str = "root") -> tuple[int, int] | None:

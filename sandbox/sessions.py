@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from sandbox.backends.base import Backend, BackendError, ForkSourceGone, SessionProcess
+from sandbox.snapshot import CellLog
 
 
 class SessionLimit(Exception):
@@ -33,6 +34,7 @@ class Session:
     memory_mb: int
     idle_ttl_s: float
     proc: SessionProcess
+    log: CellLog  # the cells that built its interpreter's state (its snapshots carry them)
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0
     forkable: bool = False
@@ -41,9 +43,10 @@ class Session:
 
 
 class SessionManager:
-    def __init__(self, backend: Backend, max_sessions: int):
+    def __init__(self, backend: Backend, max_sessions: int, log_bytes: int):
         self.backend = backend
         self.max_sessions = max_sessions
+        self.log_bytes = log_bytes  # per session: at most max_sessions of these logs are kept
         self.sessions: dict[str, Session] = {}
         self.retired: dict[str, Session] = {}  # deleted or reaped sources kept for their live children
         self._creating = 0
@@ -66,7 +69,8 @@ class SessionManager:
             proc = await self.backend.open_session(language, memory_mb, forkable)
         finally:
             self._creating -= 1
-        session = Session(secrets.token_hex(12), language, memory_mb, idle_ttl_s, proc, forkable=forkable)
+        session = Session(secrets.token_hex(12), language, memory_mb, idle_ttl_s, proc, CellLog(self.log_bytes),
+                          forkable=forkable)
         self.sessions[session.id] = session
         return session
 
@@ -97,7 +101,7 @@ class SessionManager:
             source.busy -= 1
             source.last_used = time.monotonic()
         children = [Session(secrets.token_hex(12), source.language, source.memory_mb, source.idle_ttl_s, proc,
-                            source=source.id) for proc in procs]
+                            source.log.copy(), source=source.id) for proc in procs]
         for child in children:
             self.sessions[child.id] = child
             source.children.add(child.id)

@@ -8,7 +8,7 @@ import marshal
 import os
 import subprocess
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 # How code runs after the request's files are written: python runs in the warm interpreter, others via argv.
 LANGUAGES: dict[str, tuple[list[str], str]] = {
@@ -153,9 +153,13 @@ class SessionProcess(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    async def run_cell(self, code: str, timeout: float) -> dict: ...
+    async def run_cell(self, code: str, timeout: float, track_workspace: bool = False) -> dict: ...
 
     async def fork(self, n: int, timeout: float = 60.0) -> None: ...
+
+    async def snapshot(self, timeout: float = 60.0) -> dict: ...
+
+    async def lay_down(self, entries: list[list], timeout: float = 60.0) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -193,13 +197,14 @@ def encode_request(obj: dict) -> bytes:
 MAX_FRAME_BYTES = 64 << 20  # no frame of a runner comes near it: fetched files are capped by max_body_bytes
 
 
-async def read_frame(reader, max_bytes: int = MAX_FRAME_BYTES) -> dict | None:
+async def read_frame(reader, max_bytes: int | Callable[[], int] = MAX_FRAME_BYTES) -> dict | None:
     """One length-prefixed JSON object from an asyncio.StreamReader; None at EOF, and for a frame that is not
     one (longer than `max_bytes`, not JSON, not an object): the length header is never trusted to size a buffer,
-    so a writer in a sandbox cannot make the service hold more than `max_bytes` of it."""
+    so a writer in a sandbox cannot make the service hold more than `max_bytes` of it. A callable `max_bytes` is
+    asked once the header has arrived (what the reader expects may change while it waits)."""
     try:
         size = int.from_bytes(await reader.readexactly(4), "big")
-        if size > max_bytes:
+        if size > (max_bytes() if callable(max_bytes) else max_bytes):
             return None
         frame = json.loads(await reader.readexactly(size))
     except (EOFError, ConnectionError, ValueError):  # IncompleteReadError is an EOFError; bad JSON a ValueError

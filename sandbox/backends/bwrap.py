@@ -54,7 +54,8 @@ _HERE = Path(__file__).resolve().parent
 # Each in-sandbox program = the shared prelude (framing, site-packages) + its own text; see prelude_src.py.
 _PRELUDE_SRC = (_HERE / "prelude_src.py").read_text()
 RUNNER_SRC = _PRELUDE_SRC + "\n\n" + (_HERE / "runner_src.py").read_text()
-SESSION_SRC = _PRELUDE_SRC + "\n\n" + (_HERE / "session_src.py").read_text()
+SESSION_SRC = "\n\n".join([_PRELUDE_SRC, (_HERE / "workspace_src.py").read_text(),
+                           (_HERE / "session_src.py").read_text()])
 WORKDIR = "/workspace"
 SANDBOX_UID = 65534
 ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf")

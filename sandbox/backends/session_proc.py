@@ -8,8 +8,12 @@ Between cells the session's cgroup is frozen (where a freezer exists): threads a
 until the next cell, which runs under admission control and its own time limit.
 
 The session's code can write to the result pipe itself (it is the interpreter's own fd): the host believes no
-length header. A frame past SESSION_FRAME_BYTES, one that is not a JSON object, or more frames than a cell
-answers (a background thread flooding) end the interpreter; it is replaced like one that died.
+length header. A frame past SESSION_FRAME_BYTES (past `snapshot_frame_bytes` while a snapshot is asked for), one
+that is not a JSON object, or more frames than a cell answers (a background thread flooding) end the interpreter;
+it is replaced like one that died.
+
+Between cells the interpreter also answers a snapshot of its work dir's files and lays a snapshot's files down
+(workspace_src.py); each cell's result says whether the work dir changed (`workspace_changed`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ from sandbox.output import HeadTail
 MARKER_PREFIX = b"\x00agentrl-cell-end:"
 SESSION_FRAME_BYTES = 1 << 20  # a cell's result: its error's name, value and traceback (each capped inside)
 MAX_QUEUED_FRAMES = 4  # a cell answers with one frame: more waiting means something else writes them
+
+
+def snapshot_frame_bytes(cfg: SandboxConfig) -> int:
+    """The largest snapshot frame an interpreter can send within the limits: base64 of the files, and per entry a
+    path of up to 1,024 characters (JSON escapes: up to 6 bytes each) and its fields, plus the skipped paths."""
+    return cfg.snapshot_max_bytes * 4 // 3 + (cfg.snapshot_max_files + 100) * (6 * 1024 + 64) + 4096
 
 
 class _Stream:
@@ -79,6 +89,8 @@ class SessionProc:
         self._streams: list[_Stream] = []
         self._over_limit = False
         self._forged = False  # the interpreter wrote something no cell answers with: it is replaced
+        self._frame_cap = SESSION_FRAME_BYTES  # the largest frame accepted now (more while a snapshot is asked)
+        self._limits = [cfg.snapshot_max_bytes, cfg.snapshot_max_files]
 
     async def start(self) -> None:
         self.warm = await self._spawn()
@@ -93,7 +105,7 @@ class SessionProc:
         # One reader owns the result pipe, so a timed-out wait can never cut a frame in half.
         warm = self.warm
         while True:
-            frame = await read_frame(warm.results, SESSION_FRAME_BYTES)
+            frame = await read_frame(warm.results, lambda: self._frame_cap)
             if frame is not None and "runner_exit" in frame:  # a zygote sandbox reports its interpreter's end
                 if isinstance(frame["runner_exit"], int):
                     warm.exit_code = frame["runner_exit"]
@@ -149,7 +161,9 @@ class SessionProc:
             return None
         return frame
 
-    async def run_cell(self, code: str, timeout: float) -> dict:
+    async def run_cell(self, code: str, timeout: float, track_workspace: bool = False) -> dict:
+        """Run one cell; with `track_workspace` the result says whether the work dir changed since the last cell
+        that asked (`workspace_changed`; otherwise None): the interpreter stats the work dir after the cell."""
         async with self.lock:
             restarted = False
             if not self.alive:
@@ -166,7 +180,8 @@ class SessionProc:
             started = time.monotonic()
             status, reason, frame = "ok", "exit", None
             try:
-                await self._send({"op": "cell", "id": cell_id, "code": code, "n": self.execution_count})
+                msg = {"op": "cell", "id": cell_id, "code": code, "n": self.execution_count}
+                await self._send({**msg, "ws": self._limits} if track_workspace else msg)
                 frame = await self._wait_limited(cell_id, timeout)
             except (BrokenPipeError, ConnectionResetError):
                 frame = None
@@ -174,8 +189,9 @@ class SessionProc:
                 status, reason = "timeout", "output_limit" if self._over_limit else "timeout"
                 frame = await self._interrupt(cell_id)
             elapsed = time.monotonic() - started
-            error = None
+            error, changed = None, track_workspace or None  # a replaced interpreter has a fresh work dir
             if frame is not None:
+                changed = frame.get("changed")
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.gather(*(s.seen.wait() for s in self._streams)), 2)
                 error = frame.get("error")
@@ -211,30 +227,54 @@ class SessionProc:
                 self.warm.cgroup.freeze()
             return {"status": status, "stdout": bufs[0].text(), "stderr": bufs[1].text(), "error": error,
                     "execution_count": self.execution_count, "restarted": restarted, "exit_reason": reason,
-                    "truncated": bufs[0].truncated or bufs[1].truncated, "execution_time": round(elapsed, 4)}
+                    "truncated": bufs[0].truncated or bufs[1].truncated, "execution_time": round(elapsed, 4),
+                    "workspace_changed": changed if changed in (True, False) else None}
 
-    async def fork(self, n: int, timeout: float = 60.0) -> None:
-        """Have the interpreter fork `n` times, between cells (the children's fds are already on its fork
-        socket); BackendError if it is dead or does not answer, ValueError with its reason if it refused."""
+    async def _request(self, msg: dict, timeout: float, frame_cap: int = SESSION_FRAME_BYTES) -> dict:
+        """Send the interpreter `msg` between cells and return its answer; BackendError if it is dead or does not
+        answer within `timeout`. The cgroup is thawed meanwhile, and the answer may be up to `frame_cap` bytes."""
         async with self.lock:
             if not self.alive:
                 raise BackendError("its interpreter is not running (it died or was restarted)")
             cg = self.warm.cgroup
             if cg is not None:
                 cg.thaw()
-            fork_id = uuid.uuid4().hex
+            msg = {**msg, "id": uuid.uuid4().hex}
+            self._frame_cap = frame_cap
             try:
-                await self._send({"op": "fork", "id": fork_id, "n": n})
-                frame = await self._wait_result(fork_id, timeout)
+                await self._send(msg)
+                frame = await self._wait_result(msg["id"], timeout)
             except (BrokenPipeError, ConnectionResetError, asyncio.TimeoutError):
                 frame = None
             finally:
+                self._frame_cap = SESSION_FRAME_BYTES
                 if self.alive and cg is not None:
                     cg.freeze()
             if frame is None:
-                raise BackendError("its interpreter did not answer the fork (it died or timed out)")
-            if frame.get("error"):
-                raise ValueError(str(frame["error"]))
+                # An interpreter that just died (a closed control pipe) is reported by its pid 1 a moment later:
+                # wait for that report, so that `alive` tells a death from a timeout.
+                await asyncio.wait(self._readers[2:], timeout=2)
+                raise BackendError(f"its interpreter did not answer the {msg['op']} (it died or timed out)")
+            return frame
+
+    async def fork(self, n: int, timeout: float = 60.0) -> None:
+        """Have the interpreter fork `n` times, between cells (the children's fds are already on its fork
+        socket); BackendError if it is dead or does not answer, ValueError with its reason if it refused."""
+        frame = await self._request({"op": "fork", "n": n}, timeout)
+        if frame.get("error"):
+            raise ValueError(str(frame["error"]))
+
+    async def snapshot(self, timeout: float = 60.0) -> dict:
+        """The work dir's files as the interpreter reports them (`{"entries", "skipped"}` or `{"error"}` past the
+        limits), unchecked: sandbox/snapshot.py checks them."""
+        return await self._request({"op": "snapshot", "ws": self._limits}, timeout, snapshot_frame_bytes(self.cfg))
+
+    async def lay_down(self, entries: list[list], timeout: float = 60.0) -> None:
+        """Make the work dir hold exactly `entries` (checked); ValueError with the interpreter's reason if it
+        could not."""
+        frame = await self._request({"op": "lay_down", "entries": entries, "ws": self._limits}, timeout)
+        if frame.get("error"):
+            raise ValueError(str(frame["error"]))
 
     async def _wait_limited(self, cell_id: str, timeout: float) -> dict | None:
         """Wait for the result, giving up early (as a timeout) when the cell floods its output."""

@@ -5,8 +5,11 @@ private fd at start (the cells' stdin is /dev/null). `{"op": "cell", "id", "code
 persistent namespace; `{"op": "interrupt", "id"}` raises KeyboardInterrupt in the main thread if that cell is
 still running. After a cell, its stdout/stderr are flushed and an end marker carrying the cell id is written to
 both, so the host can cut the streams per cell; then a result frame goes to RESULT_FD:
-`{"id", "ok", "error": {"name", "value", "traceback"} | None}`. As in Jupyter, a final expression's repr is
-printed.
+`{"id", "ok", "error": {"name", "value", "traceback"} | None, "changed"}`. As in Jupyter, a final expression's
+repr is printed. A cell that carries the snapshot limits (`"ws": [max_bytes, max_files]`) is answered with whether
+the work dir changed since the last such cell (None: past those limits); between cells, `{"op": "snapshot"}` answers
+with the work dir's files and `{"op": "lay_down", "entries"}` makes the work dir hold exactly those
+(workspace_src.py).
 """
 
 import os
@@ -16,6 +19,7 @@ import sys
 # linters, never imported: `__name__` is "__main__" wherever this runs.
 if __name__ == "<prelude>":
     from sandbox.backends.prelude_src import _add_site_packages, _frame, _read_exact
+    from sandbox.backends.workspace_src import _lay_down, _workspace_entries, _workspace_stamp
 
 
 class Session:
@@ -29,6 +33,8 @@ class Session:
         sys.path.insert(0, "")
         sys.argv = [""]
         self.forker = forker  # a fork source's (fork_src.py): called in each forked child
+        self.root = os.getcwd()  # the work dir, which snapshots hold
+        self.stamp = None  # the work dir's stamp after the last cell (None: not taken, or past the limits)
         self._connect(ctl_fd, result_fd)
 
     def _connect(self, ctl_fd, result_fd):
@@ -51,7 +57,7 @@ class Session:
                 msg = json.loads(_read_exact(self.ctl_fd, int.from_bytes(_read_exact(self.ctl_fd, 4), "big")))
             except (EOFError, OSError, ValueError):
                 os._exit(0)  # the host is gone: end the session
-            if msg["op"] in ("cell", "fork"):
+            if msg["op"] in ("cell", "fork", "snapshot", "lay_down"):
                 self.cells.put(msg)
             elif msg["op"] == "interrupt":
                 with self.lock:
@@ -102,6 +108,9 @@ class Session:
                 if cell["op"] == "fork":
                     if self.fork(cell):  # a forked child's interpreter: serve its own pipes from here on
                         return self.serve()
+                    continue
+                if cell["op"] in ("snapshot", "lay_down"):
+                    self.workspace(cell)
                     continue
                 error = self.run_cell(cell)
             except KeyboardInterrupt:  # an interrupt that arrived just as the cell ended
@@ -156,7 +165,33 @@ class Session:
         _frame(self.result_fd, {"id": msg["id"], "error": error})
         return False
 
+    def workspace(self, msg):
+        """Answer a snapshot of the work dir's files, or lay a snapshot's files down (between cells)."""
+        try:
+            if msg["op"] == "snapshot":
+                reply = _workspace_entries(self.root, *msg["ws"])
+            else:
+                _lay_down(self.root, msg["entries"])
+                self.stamp = _workspace_stamp(self.root, *msg["ws"])  # what the next cell's change is counted from
+                reply = {"error": None}
+        except Exception as e:  # noqa: BLE001 - e.g. a directory a cell made unreadable: the host's error
+            reply = {"error": "%s: %s" % (type(e).__name__, e)}
+        _frame(self.result_fd, {"id": msg["id"], **reply})
+
+    def changed(self, limits):
+        """Whether the work dir changed since the last cell; None past the snapshot `limits` or without them."""
+        if limits is None:
+            return None
+        try:
+            stamp = _workspace_stamp(self.root, *limits)
+        except OSError:
+            stamp = None
+        changed = None if stamp is None else stamp != self.stamp
+        self.stamp = stamp
+        return changed
+
     def finish(self, cell, error):
+        changed = self.changed(cell.get("ws"))
         for _attempt in range(3):
             try:
                 for stream in (sys.stdout, sys.stderr):
@@ -170,7 +205,7 @@ class Session:
                         os.write(fd, marker)
                     except OSError:
                         pass
-                _frame(self.result_fd, {"id": cell["id"], "error": error})
+                _frame(self.result_fd, {"id": cell["id"], "error": error, "changed": changed})
                 return
             except KeyboardInterrupt:
                 continue

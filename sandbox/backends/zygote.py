@@ -23,13 +23,13 @@ _HERE = Path(__file__).resolve().parent
 
 
 def zygote_source() -> str:
-    """prelude + runner + session (without their `__main__` calls) + nsops + fork + zygote: one program, run
-    by python_argv."""
+    """prelude + runner + session (without their `__main__` calls) + workspace + nsops + fork + zygote: one
+    program, run by python_argv."""
     parts = []
     for name in ("runner_src.py", "session_src.py"):
         text = (_HERE / name).read_text()
         parts.append(text[:text.rindex('if __name__ == "__main__":')])
-    own = [(_HERE / name).read_text() for name in ("nsops_src.py", "fork_src.py", "zygote_src.py")]
+    own = [(_HERE / name).read_text() for name in ("workspace_src.py", "nsops_src.py", "fork_src.py", "zygote_src.py")]
     return "\n\n".join([(_HERE / "prelude_src.py").read_text(), *parts, *own])
 
 

@@ -15,11 +15,20 @@ times. The source is shared by every open episode with the same setup, sandbox a
 last of them closes. A setup that fails is the task's fault, never the model's: an infra error.
 
 An episode survives the loss of its interpreter (the sandbox service restarted, the session reaped): the tool
-keeps a replay log of the cells that built the state and, when the sandbox no longer knows the session, opens a
-new one in the episode's first state (fresh, or a fork of the setup), replays the log and runs the cell; the
-result's metrics say `sandbox_restored` and `replayed_cells`. Cells are replayed, not their files snapshotted:
-what they wrote is written again. A state built by a timed-out cell (partial effects) is not rebuilt: the episode
-is then an infra error as before.
+keeps a replay log of the cells that built the state and the latest snapshot of the session's work dir, taken
+only after a cell that changed it (each cell's result says `workspace_changed`, a stamp of the work dir's file
+metadata; an unchanged cell costs no snapshot). When the sandbox no longer knows the session, the tool opens a
+new one in the episode's first state (fresh, or a fork of the setup) and restores it (`POST
+/sessions/{id}/restore`): the cells are replayed first, then the snapshot's files are laid down, so the work dir
+is exactly the snapshot's whatever the replay wrote (a cell that draws random numbers or reads the clock writes
+other files when replayed; laid down first, the files would be overwritten by it); the interpreter's state comes
+from the replay. The result's metrics say `sandbox_restored`, `replayed_cells`, `restored_files` and
+`restore_diverged` (1 when the replay wrote other files than the snapshot holds: the interpreter's variables may
+then disagree with the files). Each open episode holds its latest snapshot (at most the sandbox's
+`snapshot_max_bytes`, base64) and its replay log (REPLAY_LOG_BYTES). A work dir past the sandbox's snapshot limits
+is rebuilt by the replay alone. A state built by a timed-out cell (partial effects) is not rebuilt: the episode
+is then an infra error, as it is for any lost session with `restore: false`. See sandbox/snapshot.py for what a
+restore guarantees.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from typing import Awaitable, Callable
 from agentrl.auth import ServiceAuthError
 from agentrl.tools.base import ToolError, ToolInfraError, ToolResult, tool
 from sandbox.client import SandboxClient, SandboxInfraError, SandboxRequestError, SessionNotFoundError, cell_to_text
+from sandbox.snapshot import CellLog
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +51,9 @@ log = logging.getLogger(__name__)
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str | None], SandboxClient]] = (
     weakref.WeakKeyDictionary())
 TOKEN_KEY = "tools_kwargs.python.sandbox_token_file"
+# The replay log's bound: the sandbox's default snapshot_log_bytes, so a restore of its largest snapshot fits
+# its request body limit. Past it, a lost interpreter cannot be rebuilt.
+REPLAY_LOG_BYTES = 512 * 1024
 
 
 def _client(sandbox_url: str, token_file: str | None) -> SandboxClient:
@@ -74,8 +87,10 @@ class PythonSession:
     cell_timeout_s: float
     reopen: Callable[[], Awaitable[tuple[str, _Source | None]]]  # a new interpreter in the episode's first state
     source: _Source | None = None  # the fork source this session was forked from (a task's setup)
-    replay: list[str] = field(default_factory=list)  # the cells that made the interpreter's state, in order
-    replayable: bool = True  # False once a cell timed out (its effects were partial) or a forked one restarted
+    log: CellLog = field(default_factory=lambda: CellLog(REPLAY_LOG_BYTES))  # the cells that made the state
+    restore_lost: bool = True  # rebuild a lost interpreter (the tool's `restore`)
+    snapshot: str | None = None  # the work dir's latest snapshot (base64 tar); None: nothing to lay down
+    snapshot_current: bool = True  # it holds the work dir as the last cell left it
 
     async def aclose(self) -> None:
         try:
@@ -87,32 +102,52 @@ class PythonSession:
 
     def record(self, code: str, cell: dict) -> None:
         """Keep the replay log in step with the interpreter's state after `cell`."""
-        if cell["restarted"]:  # the sandbox started a fresh interpreter: the state it had is gone there too
-            ran = (cell.get("error") or {}).get("name") != "SessionRestarted" and cell["status"] != "timeout"
-            self.replay = [code] if ran else []
-            self.replayable = self.source is None  # a fork's restart is no fork of the setup: not rebuildable
-        elif cell["status"] == "timeout":
-            self.replayable = False
-        else:
-            self.replay.append(code)
+        self.log.record(code, cell)
+        if cell["restarted"] and self.source is not None:  # a fork's fresh interpreter is no fork of the setup
+            self.log.replayable = False
 
-    async def restore(self) -> int:
+    async def track_workspace(self, cell: dict) -> dict:
+        """After a cell that changed the work dir, take its snapshot; metrics `workspace_snapshots` when taken.
+        A snapshot that cannot be taken (past the sandbox's limits) leaves the replay alone to rebuild it."""
+        changed = cell.get("workspace_changed")
+        if not self.restore_lost or changed is False:
+            return {}
+        self.snapshot, self.snapshot_current = None, False
+        if changed is None:  # past the sandbox's snapshot limits (or a sandbox without snapshots)
+            return {}
+        try:
+            self.snapshot = (await self.client.snapshot(self.session_id))["workspace"]
+        except (SandboxInfraError, SandboxRequestError) as e:  # the next cell finds out whether the session is lost
+            log.info("no snapshot of sandbox session %s: %s", self.session_id, e)
+            return {}
+        self.snapshot_current = True
+        return {"workspace_snapshots": 1}
+
+    async def restore(self) -> dict:
         """The sandbox lost this interpreter (service restarted, session reaped): open a new one in the episode's
-        first state and replay every cell that built the state; returns how many."""
-        if not self.replayable:
-            raise ToolInfraError(f"the sandbox lost interpreter session {self.session_id}, and its state cannot be "
-                                 "rebuilt (a cell timed out, or a forked interpreter restarted)", kind="sandbox_error")
+        first state, replay every cell that built the state, then lay down the latest snapshot's files; returns
+        the metrics of the restore."""
+        lost = f"the sandbox lost interpreter session {self.session_id}"
+        if not self.restore_lost:
+            raise ToolInfraError(f"{lost} (the python tool's restore is off)", kind="sandbox_error")
+        if not self.log.replayable:
+            raise ToolInfraError(f"{lost}, and its state cannot be rebuilt (a cell timed out, a forked interpreter "
+                                 "restarted, or the cells passed the replay log's size)", kind="sandbox_error")
         if self.source is not None:
             await _release(self.client, self.source)
             self.source = None
         self.session_id, self.source = await self.reopen()
-        for code in self.replay:
-            cell = await self.client.run_cell(self.session_id, code, timeout=self.cell_timeout_s)
-            if cell["restarted"] or cell["status"] == "timeout":
-                raise ToolInfraError(f"replaying the cells of a lost sandbox session did not rebuild its state (a "
-                                     f"cell {cell['status']}{', restarted' if cell['restarted'] else ''})",
-                                     kind="sandbox_error")
-        return len(self.replay)
+        workspace = self.snapshot if self.snapshot_current else None
+        try:
+            done = await self.client.restore(self.session_id, self.log.cells, workspace, timeout=self.cell_timeout_s)
+        except SessionNotFoundError:
+            raise
+        except SandboxRequestError as e:  # a replayed cell timed out or restarted: not the model's doing now
+            raise ToolInfraError(f"{lost}, and restoring it failed: {e}", kind="sandbox_error") from None
+        metrics = {"sandbox_restored": 1, "replayed_cells": done["replayed_cells"]}
+        if workspace is not None:
+            metrics.update(restored_files=done["files"], restore_diverged=int(bool(done["diverged"])))
+        return metrics
 
 
 async def _release(client: SandboxClient, source: _Source) -> None:
@@ -164,9 +199,10 @@ async def _fork_prepared(client: SandboxClient, key: tuple, setup: str, setup_ti
 
 async def python_session(sandbox_url: str | None = None, cell_timeout_s: float = 10.0, memory_limit_MB: int = 512,
                          idle_ttl_s: float = 600.0, sandbox_token_file: str | None = None, setup: str | None = None,
-                         setup_timeout_s: float = 120.0) -> PythonSession:
+                         setup_timeout_s: float = 120.0, restore: bool = True) -> PythonSession:
     """Open one sandbox interpreter session (the `python` tool's per-episode state): a fresh interpreter, or with
-    `setup` a fork of the interpreter that ran it."""
+    `setup` a fork of the interpreter that ran it. `restore: false`: a lost interpreter ends the episode (an
+    infra error) instead of being rebuilt, and no snapshots are taken."""
     if not sandbox_url:
         raise ValueError("the python tool needs a sandbox: tools_kwargs {'python': {'sandbox_url': "
                          "'http://127.0.0.1:8080'}} or `--tool-kwargs` on the service")
@@ -187,7 +223,7 @@ async def python_session(sandbox_url: str | None = None, cell_timeout_s: float =
     except SandboxRequestError as e:  # e.g. a sandbox without forkable sessions (no zygote)
         raise ToolInfraError(f"the python tool could not prepare the task's setup: {e}", kind="sandbox_error") from None
     return PythonSession(client=client, session_id=session_id, cell_timeout_s=cell_timeout_s, reopen=reopen,
-                         source=source)
+                         source=source, restore_lost=restore)
 
 
 @tool(session_factory=python_session)
@@ -202,10 +238,14 @@ async def python(code: str, *, session: PythonSession) -> str:
     metrics = {}
     try:
         try:
-            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s)
+            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s,
+                                                 track_workspace=session.restore_lost)
         except SessionNotFoundError:  # the episode survives a lost interpreter: rebuilt, then the cell runs
-            metrics = {"sandbox_restored": 1, "replayed_cells": await session.restore()}
-            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s)
+            metrics = await session.restore()
+            cell = await session.client.run_cell(session.session_id, code, timeout=session.cell_timeout_s,
+                                                 track_workspace=session.restore_lost)
+        session.record(code, cell)
+        metrics.update(await session.track_workspace(cell))
     except SandboxInfraError as e:
         raise ToolInfraError(str(e), kind=e.kind) from None
     except ServiceAuthError as e:
@@ -215,7 +255,6 @@ async def python(code: str, *, session: PythonSession) -> str:
                              "being restored", kind="sandbox_error") from None
     except SandboxRequestError as e:  # e.g. the code is over the sandbox's size limit: the model's doing
         raise ToolError(str(e)) from None
-    session.record(code, cell)
     return ToolResult(content=cell_to_text(cell), metrics=metrics) if metrics else cell_to_text(cell)
 
 

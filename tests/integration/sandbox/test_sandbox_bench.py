@@ -41,3 +41,17 @@ def test_bench_sandbox_fork_smallest_run():
                                                "fork n (source prepared)"], out.stdout
     assert all(row[1].strip() == "2" for row in rows[1:]), out.stdout
     assert "ratio setup x n / (1 setup + fork n)" in out.stdout and "wrong results: 0" in out.stdout
+
+
+def test_bench_sandbox_snapshot_smallest_run():
+    if reason := bwrap_unavailable_reason():
+        pytest.skip(reason)
+    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "bench", "sandbox", "--snapshot", "--cells", "3",
+                          "--files", "0,5"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 6]
+    assert [row[0].strip() for row in rows] == ["files", "0", "5"], out.stdout
+    assert "wrong results: 0" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "agentrl.cli", "bench", "sandbox", "--snapshot", "--files", "a,1"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --files"), bad.stderr

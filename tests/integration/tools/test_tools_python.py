@@ -80,7 +80,8 @@ async def test_a_tasks_setup_runs_once_and_each_episode_forks_it(sandbox_url):
 @pytest.mark.parametrize("setup", [None, "import colorsys\nbase = 40"])
 async def test_an_episode_survives_a_sandbox_restart(sandbox_url, setup):
     """The sandbox service dies and comes back on the same port: the episode's interpreter is rebuilt from the
-    replay log (a fork of the setup first, when the task has one) and the episode goes on."""
+    replay log (a fork of the setup first, when the task has one), the work dir from its snapshot, and the episode
+    goes on."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = ["python", "-m", "sandbox", "serve", "--port", str(port), "--set", "max_sessions=4"]
@@ -96,6 +97,7 @@ async def test_an_episode_survives_a_sandbox_restart(sandbox_url, setup):
                 result = await reg.call("python", {"code": "print(x, open('kept.txt').read())"}, session=episode)
                 assert not result.infra_error and result.content == "42 kept", result
                 assert result.metrics["sandbox_restored"] == 1 and result.metrics["replayed_cells"] == 2, result
+                assert result.metrics["restored_files"] == 1 and result.metrics["restore_diverged"] == 0, result
                 again = await reg.call("python", {"code": "print(x)"}, session=episode)
                 assert again.content == "42" and "sandbox_restored" not in again.metrics
     finally:
