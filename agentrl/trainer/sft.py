@@ -30,7 +30,6 @@ from agentrl.data.demos import load_demos, tokenize_demos
 from agentrl.errors import UserError
 from agentrl.trainer.config import ActorConfig, ModelConfig
 
-
 ADAPTER_DIR = "adapter"  # under the output dir, with actor.lora
 
 
