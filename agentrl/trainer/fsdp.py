@@ -81,6 +81,7 @@ class FSDPWorker:
         self.skipped_steps = 0
         self.optimizer_steps = 0
         self.lora = None  # the LoraConfig when `_load` put peft adapters on the trained model
+        self.grad_bytes = 0  # bytes of the .grad tensors at the last optimizer step (`memory_bytes`)
         self._owns_group = False  # True when setup() created the torch.distributed group (and must destroy it)
 
     # ------------------------------------------------------------------------------------------------ setup
@@ -209,10 +210,12 @@ class FSDPWorker:
         from torch.distributed.tensor import DTensor
 
         total = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.grad_bytes = 0
         for p in self.model.parameters():
             if p.grad is not None:
                 g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                 total += g.detach().double().square().sum()
+                self.grad_bytes += g.nbytes
         if self.world_size > 1:
             dist.all_reduce(total)
         return float(total.sqrt())
@@ -231,6 +234,20 @@ class FSDPWorker:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def memory_bytes(self) -> dict[str, int]:
+        """This rank's bytes of parameters (its shards), of the trained ones, of the .grad tensors of the last
+        optimizer step and of the optimizer state (AdamW's moments and step counters), as allocated."""
+        from torch.distributed.tensor import DTensor
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if isinstance(t, DTensor) else t
+
+        params = [local(p) for p in self.model.parameters()]
+        trained = [local(p) for p in self.model.parameters() if p.requires_grad]
+        state = [local(t) for s in self.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+        return {"parameters": sum(t.nbytes for t in params), "trained_parameters": sum(t.nbytes for t in trained),
+                "grads": self.grad_bytes, "optimizer": sum(t.nbytes for t in state)}
 
     def _reduce(self, sums: dict[str, float]) -> dict[str, float]:
         import torch.distributed as dist
@@ -523,6 +540,10 @@ class FSDPGroup:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self._call("full_state_dict")[0]
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Rank 0's `FSDPWorker.memory_bytes` (parameters, trained parameters, grads, optimizer state)."""
+        return self._call("memory_bytes")[0]
 
     def save_adapter(self, path: str | Path) -> Path:
         """The LoRA adapter in peft's format (adapter_config.json, adapter_model.safetensors) written to `path`;
