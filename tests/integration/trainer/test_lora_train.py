@@ -129,3 +129,54 @@ def test_one_and_two_ranks_make_the_same_lora_update(ray_session, tiny_model_dir
     assert a2.keys() == a1.keys()
     for name in a1:
         torch.testing.assert_close(a2[name], a1[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+async def test_disk_and_broadcast_sync_serve_the_lora_policy(tiny_model_dir, tmp_path):
+    """An SGLang-protocol server (`agentrl engine serve`) given a LoRA policy's merged weights, from the disk and
+    over the broadcast group, samples with the trainer's policy."""
+    import contextlib
+    import sys
+
+    from helpers import free_port, service
+
+    from agentrl.inference.sglang import SGLangEngine
+    from agentrl.trainer.batch import episodes_to_batch
+    from agentrl.trainer.metrics import drift_metrics
+    from agentrl.trainer.weight_sync import broadcast_weights, sync_weights
+    from agentrl.trainer.worker import WorkerGroup
+    from agentrl.types import SamplingParams
+
+    prompt = [3064, 432, 198, 52, 435, 326, 585, 446, 11, 2538]
+
+    async def drift(group, engine, seed: int) -> float:
+        gen = await engine.generate(prompt, SamplingParams(max_new_tokens=10, temperature=1.0, seed=seed))
+        n = len(gen.token_ids)
+        batch = episodes_to_batch([Episode(uid="u", prompt_ids=prompt, response_ids=gen.token_ids,
+                                           response_mask=[1] * n, response_logprobs=gen.logprobs, messages=[])], 0)
+        old, _ = group.compute_logprobs(batch, temperature=1.0)
+        return drift_metrics(batch["rollout_logprobs"], old, batch["loss_mask"])["drift/abs_max"]
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(service([sys.executable, "-m", "agentrl.cli", "engine", "serve", "--model",
+                                     str(tiny_model_dir), "--port", str(port)], f"{url}/health", timeout=120))
+        group = WorkerGroup(ModelConfig(path=str(tiny_model_dir)),
+                            ActorConfig(lr=2e-2, grad_clip=1e6, lora=LoraConfig(rank=4, alpha=8.0)), use_ray=False)
+        engine = SGLangEngine([url])
+        try:
+            batch = episodes_to_batch(grouped_episodes(6), pad_token_id=0, advantages=[1.0, -1.0] * 3)
+            batch["old_logprobs"], _ = group.compute_logprobs(batch, temperature=1.0)
+            for step in (1, 2):
+                for _ in range(3):
+                    group.update_policy(batch, temperature=1.0, mini_batch_size=6)
+                assert await drift(group, engine, seed=step) > 1e-2  # the server is stale
+                if step == 1:
+                    await sync_weights(group.engine_state_dict(), engine, backend="sglang",
+                                       model_path=str(tiny_model_dir), run_dir=tmp_path, step=step)
+                else:
+                    await broadcast_weights(group, engine, step=step, token_file=None, bucket_mb=0.5, timeout_s=120)
+                assert await drift(group, engine, seed=10 + step) < 1e-4
+        finally:
+            await engine.close()
+            group.shutdown()
