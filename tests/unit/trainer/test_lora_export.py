@@ -13,14 +13,14 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from agentrl.config import load_config
-from agentrl.trainer.batch import sft_batch
+from agentrl.trainer.batch import episodes_to_batch
 from agentrl.trainer.checkpoint import CheckpointError
 from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.export import export_checkpoint, resolve_model_dir
 from agentrl.trainer.loop import TaskSampler, save_checkpoint
 from agentrl.trainer.resume import ResumeConfigError, check_resume_config
 from agentrl.trainer.worker import WorkerGroup
-from agentrl.types import Task
+from agentrl.types import Episode, Task
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing")  # peft asks a deprecated name
 
@@ -33,17 +33,20 @@ def train_config(model_dir, run_dir, *extra) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir, tmp_path_factory):
-    """A LoRA run's checkpoint after three SFT steps, and the merged weights its engine got."""
+    """A LoRA run's checkpoint after three PPO updates on one batch, and the merged weights its engine got."""
     cfg = train_config(tiny_model_dir, tmp_path_factory.mktemp("run"))
     workers = WorkerGroup(cfg.model, cfg.actor, total_steps=3, use_ray=False)
     try:
         rng = random.Random(0)
-        batch = sft_batch([([rng.randrange(3, 2000) for _ in range(16)], [0] * 4 + [1] * 12) for _ in range(4)], 0)
+        responses = [[rng.randrange(3, 2000) for _ in range(12)] for _ in range(4)]
+        rows = [Episode(uid=f"g{i // 2}", prompt_ids=[7, 8, 9], response_ids=ids, response_mask=[1] * 12,
+                        response_logprobs=[-7.0] * 12, messages=[]) for i, ids in enumerate(responses)]
+        batch = episodes_to_batch(rows, pad_token_id=0, advantages=[1.0, -1.0, 2.0, -2.0])
+        batch["old_logprobs"], _ = workers.compute_logprobs(batch, temperature=1.0)
         for _ in range(3):
-            workers.update_sft(batch)
-        sampler = TaskSampler([Task(prompt=[{"role": "user", "content": "hi"}])], 1, shuffle=False, seed=0)
-        checkpoint = save_checkpoint(cfg, workers, sampler, step=3)
-        return checkpoint, workers.engine_state_dict(), cfg
+            workers.update_policy(batch, temperature=1.0, mini_batch_size=4)
+        sampler = TaskSampler([Task(prompt=[{"role": "user", "content": "2 + 2?"}])], 1, shuffle=False, seed=0)
+        return save_checkpoint(cfg, workers, sampler, step=3), workers.engine_state_dict(), cfg
     finally:
         workers.shutdown()
 
