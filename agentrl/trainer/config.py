@@ -221,7 +221,7 @@ class LoraConfig(ConfigModel):
 
     rank: int = Field(16, ge=1)  # r
     alpha: float = Field(32.0, gt=0)  # the update is scaled by alpha / rank
-    dropout: float = Field(0.0, ge=0, lt=1)  # on the adapter's input; > 0 turns actor.reuse_old_logprobs off
+    dropout: float = Field(0.0, ge=0, lt=1)  # on the adapter input; > 0: pi_old needs its own no-grad pass
     # which linear layers of every decoder layer get an adapter; "all-linear" is all seven (not the LM head)
     target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: list(LORA_TARGETS))
 
