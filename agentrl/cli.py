@@ -38,6 +38,7 @@ BENCH_MODULES: dict[str, str] = {
     "step": "agentrl.trainer.step_bench",
     "async": "agentrl.trainer.async_bench",
     "weight-sync": "agentrl.trainer.weight_sync_bench",
+    "lora": "agentrl.trainer.lora_bench",
     "view": "agentrl.viewer.bench",
 }
 

@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=8, help="rows per prompt with --shared-prompt (default 8)")
 
 
-def _episodes(count: int, min_len: int, max_len: int, vocab: int, seed: int):
+def ragged_episodes(count: int, min_len: int, max_len: int, vocab: int, seed: int):
+    """`count` episodes of lengths drawn uniformly from [min_len, max_len]: an 8-token prompt (less when the
+    length is shorter), the rest policy tokens; groups of 4, random rewards."""
     from agentrl.types import Episode
 
     rng = random.Random(seed)
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if tmp is not None:
                 tmp.cleanup()
-    eps = _episodes(args.sequences, args.min_len, args.max_len, vocab, args.seed)
+    eps = ragged_episodes(args.sequences, args.min_len, args.max_len, vocab, args.seed)
     adv = [random.Random(args.seed + 1).choice([-1.0, 1.0]) for _ in eps]
     batch = episodes_to_batch(eps, pad_token_id=0, advantages=adv)
     lens = batch["seq_lens"].tolist()
@@ -231,4 +233,4 @@ def _shared_prompt(args: argparse.Namespace, model_path: str, vocab: int) -> int
     return 0
 
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "ragged_episodes", "run"]

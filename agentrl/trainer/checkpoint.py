@@ -4,7 +4,8 @@ Layout under `run_dir/checkpoints/`:
 
     step_000004/            complete: renamed from step_000004.tmp after every file was written
         COMPLETE            json {step, time}; written last, before the rename
-        actor/              sharded model + optimizer (torch.distributed.checkpoint, one file per rank)
+        actor/              sharded model + optimizer (torch.distributed.checkpoint, one file per rank); under
+                            actor.lora the adapters and their optimizer state only
         worker_rank{r}.pt   LR scheduler, RNG states and step counters of rank r
         critic/             PPO with a critic: the value model's sharded model + optimizer
         critic_rank{r}.pt   and its scheduler, RNG states and step counters

@@ -210,6 +210,37 @@ class WorkerResources(ConfigModel):
         return self.workers_per_node if self.workers_per_node is not None else self.world_size // self.nnodes
 
 
+# The linear layers of a Qwen2 (and Llama, Mistral, Qwen3) decoder layer that LoRA may adapt.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(ConfigModel):
+    """`actor.lora`: train low-rank adapters (peft) instead of the policy's weights; null (the default) trains every
+    weight. Each adapted linear layer W computes W x + (alpha / rank) * B A x, with A [rank, in] drawn at random and
+    B [out, rank] zero, so step 0 is the base model (`agentrl.trainer.lora`)."""
+
+    rank: int = Field(16, ge=1)  # r
+    alpha: float = Field(32.0, gt=0)  # the update is scaled by alpha / rank
+    dropout: float = Field(0.0, ge=0, lt=1)  # on the adapter input; > 0: pi_old needs its own no-grad pass
+    # which linear layers of every decoder layer get an adapter; "all-linear" is all seven (not the LM head)
+    target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: list(LORA_TARGETS))
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known_modules(cls, names):
+        if names == "all-linear":
+            return names
+        unknown = [name for name in names if name not in LORA_TARGETS]
+        if not names or unknown:
+            raise ValueError(f"actor.lora.target_modules must be a non-empty list of {', '.join(LORA_TARGETS)}, or "
+                             f"'all-linear'; got {names!r}")
+        return names
+
+    def module_names(self) -> list[str]:
+        """The target modules as a list of names."""
+        return list(LORA_TARGETS) if self.target_modules == "all-linear" else list(self.target_modules)
+
+
 class ActorConfig(WorkerResources, MiniBatchConfig, OptimizerConfig):
     """The policy update: optimizer, batch slicing, resources and the PPO/GRPO loss knobs."""
 
@@ -231,6 +262,7 @@ class ActorConfig(WorkerResources, MiniBatchConfig, OptimizerConfig):
     # rows of a micro-batch with the same prompt (a GRPO group) run it through the layers once and share its K/V:
     # the same logprobs and gradients to float rounding, fewer tokens (sdpa and eager attention; fast_logprobs)
     share_prompt_prefix: bool = True
+    lora: LoraConfig | None = None  # low-rank adapters instead of full fine-tuning (docs/training.md, "LoRA")
 
     @model_validator(mode="after")
     def _scale_factor_for_norm(self) -> ActorConfig:
@@ -532,6 +564,8 @@ __all__ = [
     "GspoLoss",
     "KLControlConfig",
     "KlCovLoss",
+    "LORA_TARGETS",
+    "LoraConfig",
     "MiniBatchConfig",
     "OptimizerConfig",
     "PolicyLossConfig",

@@ -1,6 +1,9 @@
-"""`agentrl export CHECKPOINT_DIR OUT_DIR`: a sharded trainer checkpoint -> a Hugging Face model directory.
+"""`agentrl export CHECKPOINT_DIR OUT_DIR`: a sharded trainer checkpoint -> a Hugging Face model directory (a
+LoRA run's checkpoint: its adapter in peft's format, or with `--merged` the model with the adapter merged in).
 
     agentrl export runs/calc-tiny-cpu/checkpoints/step_000010 runs/calc-step10
+    agentrl export runs/calc-lora/checkpoints/step_000010 runs/calc-lora-adapter            # actor.lora runs
+    agentrl export runs/calc-lora/checkpoints/step_000010 runs/calc-lora-merged --merged
     agentrl eval --model runs/calc-tiny-cpu/checkpoints/step_000010 --suite calc    # exports on the fly
 
 A checkpoint's `actor/` holds the weights and the optimizer state, sharded by torch.distributed.checkpoint (one
@@ -9,8 +12,16 @@ checkpoint's `hf_config/` supplies config.json and the tokenizer. The result loa
 `AutoModelForCausalLM.from_pretrained(OUT_DIR)` and `AutoTokenizer.from_pretrained(OUT_DIR)`, like the
 `final_model/` a run writes at its end.
 
+A checkpoint of a run with `actor.lora` holds the adapters only. Export writes them as `PeftModel.save_pretrained`
+does (`adapter_config.json`, `adapter_model.safetensors`, plus the tokenizer files): load them with
+`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), OUT_DIR)` or serve them with SGLang's LoRA
+routes. `--merged` instead writes W + (alpha / rank) * B @ A into the base model's weights (peft's
+`merge_and_unload`): a plain HF model directory. Both read the frozen weights from the `model.path` in the
+checkpoint's config.yaml, which must still exist for `--merged`.
+
 `resolve_model_dir(path)` lets whatever takes a model directory take a checkpoint too: the checkpoint is exported
-once into `<checkpoint>/hf/` (a temporary directory when the checkpoint is read-only) and that path is returned.
+(merged, for a LoRA checkpoint) once into `<checkpoint>/hf/` (a temporary directory when the checkpoint is
+read-only) and that path is returned.
 """
 
 from __future__ import annotations
@@ -104,9 +115,24 @@ def load_weights(checkpoint: Path, shards_dir: str | None = None) -> dict:
     return state["model"]
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+def checkpoint_lora(checkpoint: Path):
+    """(actor.lora, model.path) of the run that wrote `checkpoint`, from its config.yaml; (None, None) for a
+    full-model checkpoint."""
+    import yaml
+
+    from agentrl.trainer.checkpoint import CONFIG_FILE
+    from agentrl.trainer.config import LoraConfig
+
+    saved = checkpoint / CONFIG_FILE
+    tree = yaml.safe_load(saved.read_text()) if saved.is_file() else {}
+    lora = (tree.get("actor") or {}).get("lora")
+    return (LoraConfig(**lora), tree["model"]["path"]) if lora else (None, None)
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, merged: bool = False) -> Path:
     """Write the checkpoint's weights, config and tokenizer as an HF model directory `out_dir` (which must not
-    exist yet, or be empty); returns it."""
+    exist yet, or be empty); returns it. A LoRA checkpoint gives its adapter in peft's format, or with `merged` the
+    base model with the adapter merged in; `merged` changes nothing for a full-model checkpoint."""
     from agentrl.trainer.checkpoint import CheckpointError
     from agentrl.trainer.weight_sync import write_hf_checkpoint
 
@@ -115,7 +141,22 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
         raise CheckpointError(f"export output {out} already exists and is not empty; pass a new directory")
     if out.exists():
         out.rmdir()
-    return write_hf_checkpoint(load_weights(checkpoint), hf_files_dir(checkpoint), out)
+    weights = load_weights(checkpoint)
+    lora, base = checkpoint_lora(checkpoint)
+    if lora is None and any(".lora_A." in name for name in weights):
+        raise CheckpointError(f"checkpoint {checkpoint} holds LoRA adapters but no {checkpoint.name}/config.yaml "
+                              "with their actor.lora (rank, alpha): copy the run's config.yaml into it")
+    if lora is None:
+        return write_hf_checkpoint(weights, hf_files_dir(checkpoint), out)
+    from agentrl.trainer.lora import merge_adapter, write_adapter
+
+    if not merged:
+        return write_adapter(weights, lora, base, out, side_files=hf_files_dir(checkpoint))
+    if not (Path(base) / "config.json").is_file():
+        raise CheckpointError(f"checkpoint {checkpoint} holds LoRA adapters of the model at {base}, which is not "
+                              "there any more: --merged needs those base weights; export without --merged for the "
+                              "adapter, or restore the base model at that path")
+    return write_hf_checkpoint(merge_adapter(base, weights, lora), hf_files_dir(checkpoint), out)
 
 
 def is_checkpoint_dir(path: str | Path) -> bool:
@@ -137,9 +178,10 @@ def resolve_model_dir(path: str | Path) -> Path:
     if (cached / "config.json").is_file():
         return cached
     try:
-        out = export_checkpoint(checkpoint, cached)
+        out = export_checkpoint(checkpoint, cached, merged=True)
     except PermissionError:
-        out = export_checkpoint(checkpoint, Path(tempfile.mkdtemp(prefix="agentrl-export-")) / checkpoint.name)
+        out = export_checkpoint(checkpoint, Path(tempfile.mkdtemp(prefix="agentrl-export-")) / checkpoint.name,
+                                merged=True)
     print(f"exported checkpoint {checkpoint} to the model directory {out}", file=sys.stderr, flush=True)
     return out
 
@@ -149,18 +191,25 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="a RUN_DIR/checkpoints/step_NNNNNN folder")
     p.add_argument("out", metavar="OUT_DIR", help="the model directory to write (new or empty)")
+    p.add_argument("--merged", action="store_true",
+                   help="a LoRA checkpoint: write the base model with the adapter merged in, not the adapter")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     from agentrl.trainer.checkpoint import SHARDS_DIR, marker_step
 
-    out = export_checkpoint(args.checkpoint, args.out)
+    out = export_checkpoint(args.checkpoint, args.out, merged=args.merged)
     shards = len(list((Path(args.checkpoint) / SHARDS_DIR).glob("*.distcp")))
-    print(f"exported step {marker_step(Path(args.checkpoint))} of {args.checkpoint} ({shards} shard files) to {out}; "
-          f"load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    what = f"exported step {marker_step(Path(args.checkpoint))} of {args.checkpoint} ({shards} shard files)"
+    lora, base = checkpoint_lora(Path(args.checkpoint))
+    if lora is not None and not args.merged:
+        print(f"{what}: its LoRA adapter to {out}; load it with PeftModel.from_pretrained(AutoModelForCausalLM."
+              f"from_pretrained({base!r}), {str(out)!r}), or export with --merged for a plain model")
+    else:
+        print(f"{what} to {out}; load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 
 
-__all__ = ["check_checkpoint", "export_checkpoint", "hf_files_dir", "is_checkpoint_dir", "load_weights",
-           "resolve_model_dir"]
+__all__ = ["check_checkpoint", "checkpoint_lora", "export_checkpoint", "hf_files_dir", "is_checkpoint_dir",
+           "load_weights", "resolve_model_dir"]

@@ -26,8 +26,10 @@ from agentrl.errors import RankDiedError, UserError
 from agentrl.numerics import usable_cores
 from agentrl.services import free_port, start_ray
 from agentrl.trainer.batch import MicroBatchPlan, materialize, plan_micro_batches
-from agentrl.trainer.checkpoint import SHARDS_DIR
-from agentrl.trainer.config import ModelConfig
+from agentrl.trainer.checkpoint import SHARDS_DIR, CheckpointError
+from agentrl.trainer.config import LoraConfig, ModelConfig
+from agentrl.trainer.lora import hf_model, merged_state_dict, trainable_names, write_adapter
+from agentrl.trainer.lora import wrap as lora_wrap
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -78,6 +80,8 @@ class FSDPWorker:
         self.deterministic = deterministic
         self.skipped_steps = 0
         self.optimizer_steps = 0
+        self.lora = None  # the LoraConfig when `_load` put peft adapters on the trained model
+        self.grad_bytes = 0  # bytes of the .grad tensors at the last optimizer step (`memory_bytes`)
         self._owns_group = False  # True when setup() created the torch.distributed group (and must destroy it)
 
     # ------------------------------------------------------------------------------------------------ setup
@@ -132,8 +136,8 @@ class FSDPWorker:
         random.seed(self.seed)
         self.model = self._build_models()
         betas = (self.cfg.betas[0], self.cfg.betas[1])
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=betas,
-                                           weight_decay=self.cfg.weight_decay)
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # under LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(trained, lr=self.cfg.lr, betas=betas, weight_decay=self.cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self._lr_factor(s))
 
     def _build_models(self):
@@ -148,9 +152,10 @@ class FSDPWorker:
         return lr_factor(step, warmup_steps=self.cfg.warmup_steps, total_steps=self.total_steps,
                          schedule=self.cfg.lr_schedule, min_lr_ratio=self.cfg.min_lr_ratio)
 
-    def _load(self, trainable: bool, auto_class=None, **config_changes):
+    def _load(self, trainable: bool, auto_class=None, lora: LoraConfig | None = None, **config_changes):
         """`auto_class.from_pretrained(model.path)` (default AutoModelForCausalLM), sharded over the mesh;
-        `config_changes` override keys of the model's config.json (e.g. num_labels)."""
+        `config_changes` override keys of the model's config.json (e.g. num_labels). `lora`: peft adapters are put
+        on the loaded model before it is sharded, and only they train (`agentrl.trainer.lora`)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -168,13 +173,16 @@ class FSDPWorker:
         if not trainable:
             model.requires_grad_(False)
             model.eval()
+        if trainable and lora is not None:
+            model = lora_wrap(model, lora, path)
+            self.lora = lora
         # Left on CPU: fully_shard moves each layer to the mesh's device as it shards it, so a GPU never holds
         # more than one unsharded layer at load time.
         kwargs = {"mesh": self.mesh}
         if self.device.type == "cuda" and self.model_cfg.mixed_precision != "none":
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.model_cfg.mixed_precision],
                                                        reduce_dtype=torch.float32)
-        layers = getattr(getattr(model, "model", None), "layers", None)
+        layers = getattr(getattr(hf_model(model), "model", None), "layers", None)
         if layers is None:
             raise ValueError(f"{path}: expected a decoder with model.layers (Qwen2/Llama-style); got "
                              f"{type(model).__name__}")
@@ -202,10 +210,12 @@ class FSDPWorker:
         from torch.distributed.tensor import DTensor
 
         total = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.grad_bytes = 0
         for p in self.model.parameters():
             if p.grad is not None:
                 g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                 total += g.detach().double().square().sum()
+                self.grad_bytes += g.nbytes
         if self.world_size > 1:
             dist.all_reduce(total)
         return float(total.sqrt())
@@ -224,6 +234,20 @@ class FSDPWorker:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def memory_bytes(self) -> dict[str, int]:
+        """This rank's bytes of parameters (its shards), of the trained ones, of the .grad tensors of the last
+        optimizer step and of the optimizer state (AdamW's moments and step counters), as allocated."""
+        from torch.distributed.tensor import DTensor
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if isinstance(t, DTensor) else t
+
+        params = [local(p) for p in self.model.parameters()]
+        trained = [local(p) for p in self.model.parameters() if p.requires_grad]
+        state = [local(t) for s in self.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+        return {"parameters": sum(t.nbytes for t in params), "trained_parameters": sum(t.nbytes for t in trained),
+                "grads": self.grad_bytes, "optimizer": sum(t.nbytes for t in state)}
 
     def _reduce(self, sums: dict[str, float]) -> dict[str, float]:
         import torch.distributed as dist
@@ -268,9 +292,27 @@ class FSDPWorker:
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Unsharded CPU state dict (collective: every rank must call); rank 0 returns it, others None."""
+    def _engine_weights(self) -> dict[str, torch.Tensor] | None:
+        """The unsharded CPU weights under the HF model's names (collective); under LoRA the adapters merged into
+        their layers (fresh tensors: the training weights are not touched). Rank 0 returns them, others None."""
         sd = self._gather_state_dict()
+        if self.rank != 0 or self.lora is None:
+            return sd if self.rank == 0 else None
+        return merged_state_dict(sd, self.lora)
+
+    def save_adapter(self, path: str) -> None:
+        """Write the LoRA adapter in peft's on-disk format to `path` (collective; rank 0 writes):
+        adapter_config.json and adapter_model.safetensors, as `PeftModel.save_pretrained` writes them."""
+        if self.lora is None:
+            raise ValueError("save_adapter: this model trains no LoRA adapters (actor.lora is null)")
+        sd = self._gather_state_dict()
+        if self.rank == 0:
+            write_adapter(sd, self.lora, self.model_cfg.path, path)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Unsharded CPU state dict under the HF model's names, LoRA adapters merged (collective: every rank must
+        call); rank 0 returns it, others None."""
+        sd = self._engine_weights()
         if self.rank != 0:
             return None
         if self.device.type == "cpu":  # on CPU the gathered tensors may alias the live parameters: snapshot them
@@ -284,7 +326,7 @@ class FSDPWorker:
         ordinary way)."""
         from agentrl.trainer.weight_sync import SharedStateDict
 
-        sd = self._gather_state_dict()
+        sd = self._engine_weights()
         if self.rank != 0:
             return None
         shared = getattr(self, "_shared_weights", None)
@@ -301,10 +343,8 @@ class FSDPWorker:
     def save_checkpoint(self, path: str) -> None:
         """Sharded model + optimizer (torch.distributed.checkpoint) and this rank's scheduler and RNG states."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(path) / self.SHARDS_DIR))
+        dcp.save(self._checkpoint_state(), checkpoint_id=str(Path(path) / self.SHARDS_DIR))
         extra = {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
                  "python_rng": random.getstate(), "skipped_steps": self.skipped_steps,
                  "optimizer_steps": self.optimizer_steps}
@@ -318,10 +358,7 @@ class FSDPWorker:
         `lr * lr_factor(steps taken, total_steps of this run)`, so changing `trainer.total_steps` or the lr on
         resume takes effect from the next step."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_state_dict,
-            set_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         extra_path = Path(path) / self.RANK_FILE.format(rank=self.rank)
         if not (Path(path) / self.SHARDS_DIR).is_dir():
@@ -330,10 +367,12 @@ class FSDPWorker:
         if not extra_path.is_file():
             raise FileNotFoundError(f"{extra_path} is missing: the checkpoint was written with a different "
                                     f"world_size (this run has {self.world_size})")
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        self._check_checkpoint_kind(Path(path) / self.SHARDS_DIR)
+        state = self._checkpoint_state()
         dcp.load(state, checkpoint_id=str(Path(path) / self.SHARDS_DIR))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # under LoRA the frozen weights are not in the checkpoint: they stay as model.path gave them
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(strict=self.lora is None))
         extra = torch.load(extra_path, weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         self._apply_optimizer_config()
@@ -342,6 +381,29 @@ class FSDPWorker:
         if "cuda_rng" in extra and self.device.type == "cuda":
             torch.cuda.set_rng_state(extra["cuda_rng"])
         self.skipped_steps, self.optimizer_steps = extra["skipped_steps"], extra["optimizer_steps"]
+
+    def _checkpoint_state(self) -> dict:
+        """{"model", "optim"}: the sharded state dicts a checkpoint holds; under LoRA the adapters only (the frozen
+        weights are model.path's) and their optimizer state."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        if self.lora is not None:
+            trained = trainable_names(self.model)
+            model_sd = {name: tensor for name, tensor in model_sd.items() if name in trained}
+        return {"model": model_sd, "optim": optim_sd}
+
+    def _check_checkpoint_kind(self, shards: Path) -> None:
+        """A full-model checkpoint loaded under LoRA, or an adapter checkpoint without it: one clear error."""
+        import torch.distributed.checkpoint as dcp
+
+        names = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+        has_adapters = any(".lora_A." in name for name in names)
+        if has_adapters != (self.lora is not None):
+            held, wanted = ("LoRA adapters", "the full model") if has_adapters else ("a full model", "LoRA adapters")
+            raise CheckpointError(f"{shards.parent} holds {held}, but this run trains {wanted} (actor.lora is "
+                             f"{'null' if self.lora is None else 'set'}): set actor.lora as the checkpoint's run had "
+                             "it, or start over")
 
     def _apply_optimizer_config(self) -> None:
         """Hyperparameters from the config (a checkpoint's param groups carry the values it was saved with)."""
@@ -478,6 +540,16 @@ class FSDPGroup:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self._call("full_state_dict")[0]
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Rank 0's `FSDPWorker.memory_bytes` (parameters, trained parameters, grads, optimizer state)."""
+        return self._call("memory_bytes")[0]
+
+    def save_adapter(self, path: str | Path) -> Path:
+        """The LoRA adapter in peft's format (adapter_config.json, adapter_model.safetensors) written to `path`;
+        the path rank 0 wrote, which must be reachable from the caller (a shared filesystem on a cluster)."""
+        self._call("save_adapter", [(str(Path(path).resolve()),)] * self.world_size)
+        return Path(path).resolve()
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """The unsharded weights for an engine in the driver's process, valid until the next call: views into

@@ -55,9 +55,11 @@ FINAL_MODEL_DIR = "final_model"
 TENSORBOARD_DIR = "tensorboard"
 
 # Keys a checkpoint is bound to: its weights and optimizer state belong to the model in this dtype, sharded over
-# world_size ranks, and its data-sampler position counts batches of these prompts in this order.
+# world_size ranks (under LoRA: adapters of this rank on these layers, scaled by alpha / rank), and its
+# data-sampler position counts batches of these prompts in this order.
 FIXED_ON_RESUME = ("model.path", "model.dtype", "actor.world_size", "data.train_files", "data.shuffle", "data.seed",
-                   "data.train_batch_size", "actor.ppo_mini_batch_size", "rollout.n")
+                   "data.train_batch_size", "actor.ppo_mini_batch_size", "rollout.n", "actor.lora.rank",
+                   "actor.lora.alpha", "actor.lora.target_modules")
 # Local paths of a config: absolute in the run's records, compared resolved.
 RECORDED_PATHS = ("model.path", "model.tokenizer_path", "critic.model.path", "data.train_files", "data.val_files",
                   "tools.config")
@@ -81,8 +83,11 @@ class Start:
 
 
 def _dotted(tree: dict, key: str):
+    """The value at a dotted key; None below a null section (`actor.lora: null`) or a key an older config lacks."""
     for part in key.split("."):
-        tree = tree[part]
+        if not isinstance(tree, dict):
+            return None
+        tree = tree.get(part)
     return tree
 
 

@@ -11,6 +11,9 @@ response_mask = 0 in RL.
 
 Demonstration rows (JSONL): {"messages": [OpenAI messages], "tools": [OpenAI function schemas] | null}
 (`agentrl data demos SUITE OUT.jsonl` writes them).
+
+With `actor.lora` only the adapters train; the model saved is the base with the adapters merged in (what `agentrl
+train` and `eval` take as model.path), and `<output_dir>/adapter/` holds the adapter in peft's format.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from agentrl.config import ConfigModel
 from agentrl.data.demos import load_demos, tokenize_demos
 from agentrl.errors import UserError
 from agentrl.trainer.config import ActorConfig, ModelConfig
+
+ADAPTER_DIR = "adapter"  # under the output dir, with actor.lora
 
 
 class SFTDataConfig(ConfigModel):
@@ -116,7 +121,9 @@ def run_sft(cfg: SFTConfig) -> dict:
                     log.flush()
                     if step % cfg.sft.log_freq == 0 or step == total:
                         print(sft_line(step, total, metrics, time.perf_counter() - start), flush=True)
-        state = workers.full_state_dict()
+        state = workers.full_state_dict()  # under actor.lora: the adapters merged into the base weights
+        if cfg.actor.lora is not None:
+            workers.save_adapter(out_dir / ADAPTER_DIR)
     finally:
         if workers is not None:
             workers.shutdown()
@@ -131,5 +138,6 @@ def run_sft(cfg: SFTConfig) -> dict:
     if hasattr(model, "generation_config") and model.generation_config is not None:
         model.generation_config.save_pretrained(out_dir)
     make_readable(out_dir)
-    print(f"sft: saved the fine-tuned model to {out_dir}", flush=True)
+    adapter = f" (its LoRA adapter in {out_dir / ADAPTER_DIR})" if cfg.actor.lora is not None else ""
+    print(f"sft: saved the fine-tuned model to {out_dir}{adapter}", flush=True)
     return {**metrics, "output_dir": str(out_dir), "skipped": skipped, "num_transcripts": len(sequences)}

@@ -1,7 +1,8 @@
 """The policy's FSDP2 ranks (`PolicyWorker`, one per Ray actor) and the group that drives them (`WorkerGroup`),
 on the shared plumbing of `agentrl.trainer.fsdp`; the critic is `agentrl.trainer.critic`.
 
-`PolicyWorker` adds to `FSDPWorker` the policy (and the frozen reference policy when a reference KL is needed),
+`PolicyWorker` adds to `FSDPWorker` the policy (and the frozen reference policy when a reference KL is needed;
+under `actor.lora` the policy with its adapters switched off, `agentrl.trainer.lora`),
 log-probabilities (the LM head only at loss tokens with `actor.fast_logprobs`) and the losses, per micro-batch
 and summed over micro-batches by gradient accumulation (= the mini-batch objective):
     policy     `algos.ppo_objective`: the actor.policy_loss (rollout-correction weights on its token losses)
@@ -12,6 +13,7 @@ and summed over micro-batches by gradient accumulation (= the mini-batch objecti
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import defaultdict
 
@@ -32,6 +34,7 @@ from agentrl.trainer.algos import (
 from agentrl.trainer.batch import materialize, mini_batches, scatter_rows, split_shared_prefixes
 from agentrl.trainer.config import ActorConfig, ModelConfig
 from agentrl.trainer.fsdp import FSDPGroup, FSDPWorker, lr_factor, rank_threads, start_ray
+from agentrl.trainer.lora import adapters_off, hf_model
 
 
 class PolicyWorker(FSDPWorker):
@@ -52,8 +55,10 @@ class PolicyWorker(FSDPWorker):
         return self.cfg
 
     def _build_models(self):
-        self.ref = self._load(trainable=False) if self.with_ref else None
-        return self._load(trainable=True)
+        # Under LoRA the reference is the policy with its adapters switched off: no second copy of the weights.
+        lora = self.actor.lora
+        self.ref = self._load(trainable=False) if self.with_ref and lora is None else None
+        return self._load(trainable=True, lora=lora)
 
     def _threads_per_rank(self) -> int | None:
         return self.cfg.num_threads_per_worker
@@ -66,7 +71,7 @@ class PolicyWorker(FSDPWorker):
         from agentrl.inference.weight_broadcast import WeightBroadcaster
         from agentrl.trainer.weight_sync import hf_tensors
 
-        state_dict = self._gather_state_dict()
+        state_dict = self._engine_weights()  # under LoRA: merged, under the base model's names
         if self.rank != 0:
             return None
         where = {key: target[key] for key in ("urls", "token_file", "bucket_mb", "flatten", "timeout_s")}
@@ -204,7 +209,7 @@ class PolicyWorker(FSDPWorker):
 
     @functools.cached_property
     def _cache_kw(self) -> str:
-        return cache_kwarg(self.model)
+        return cache_kwarg(hf_model(self.model))
 
     @staticmethod
     def _entropy(logits: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
@@ -225,17 +230,20 @@ class PolicyWorker(FSDPWorker):
     @torch.no_grad()
     def compute_logprobs(self, micro_batches: list[TensorDict], temperature: float, ref: bool = False,
                          with_entropy: bool = False) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Per micro-batch (logprobs [b, w], entropy [b, w] or None) on CPU, under the policy or the reference."""
-        module = self.ref if ref else self.model
+        """Per micro-batch (logprobs [b, w], entropy [b, w] or None) on CPU, under the policy or the reference
+        (under LoRA: the policy with its adapters off, i.e. the base model)."""
+        lora_ref = ref and self.lora is not None
+        module = self.ref if ref and not lora_ref else self.model
         if module is None:
             raise RuntimeError("compute_logprobs(ref=True) but the worker has no reference model "
                                "(it is only built when actor.use_kl_loss is true)")
         module.eval()
         out = []
-        for mb in micro_batches:
-            logp, ent = self._forward(module, mb, temperature, with_entropy, entropy_grad=False)
-            real = (torch.arange(logp.shape[1]) < mb["seq_lens"][:, None]).float()  # padding reads as 0
-            out.append((logp.float().cpu() * real, None if ent is None else ent.float().cpu() * real))
+        with adapters_off(module) if lora_ref else contextlib.nullcontext():
+            for mb in micro_batches:
+                logp, ent = self._forward(module, mb, temperature, with_entropy, entropy_grad=False)
+                real = (torch.arange(logp.shape[1]) < mb["seq_lens"][:, None]).float()  # padding reads as 0
+                out.append((logp.float().cpu() * real, None if ent is None else ent.float().cpu() * real))
         return out
 
     # ----------------------------------------------------------------------------------------------- losses
@@ -330,6 +338,8 @@ class PolicyWorker(FSDPWorker):
         self._accumulate(self._ppo_loss, micro_batches, num_tokens, num_seqs, temperature, defaultdict(float))
         grads = {}
         for name, p in self.model.named_parameters():
+            if not p.requires_grad:  # LoRA: the frozen weights
+                continue
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             grads[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().cpu()
         self.optimizer.zero_grad(set_to_none=True)
