@@ -57,8 +57,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sandbox-port", type=int, default=None)
     p.add_argument("--no-sandbox", action="store_true", help="do not start the sandbox (calc/lookup do not need it)")
     p.add_argument("--suites", default=None, metavar="NAMES",
-                   help="comma-separated task suites (default calc,lookup; also: code). One suite with a folder in "
-                        "the recipe (code) starts from that folder's overlays, under --smoke and --set")
+                   help="comma-separated task suites (default calc,lookup; also: code, guess). One suite with a "
+                        "folder in the recipe (code, guess) starts from its overlays, under --smoke and --set")
     p.add_argument("--recipe", default=None, metavar="DIR",
                    help="a recipe folder (default: recipes/quickstart of the agentrl source tree)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",

@@ -490,6 +490,9 @@ class TrainConfig(ConfigModel):
             raise ValueError(f"data.gen_batch_size ({self.data.gen_batch_size}) > data.train_batch_size only serves "
                              "dynamic sampling: set algorithm.filter_zero_variance_groups=true, or drop "
                              "data.gen_batch_size (the extra groups would be generated and thrown away)")
+        if self.engine.lora_sync == "adapter" and self.actor.lora is None:
+            raise ValueError("engine.lora_sync=adapter sends the policy's LoRA adapter, but actor.lora is null (full "
+                             "fine-tuning): set actor.lora (e.g. actor.lora.rank=16) or leave engine.lora_sync out")
         _check_algorithm(self)
         _resolve_critic(self)
         if self.reward.overlong_buffer.enable and self.reward.overlong_buffer.len > self.agent.max_response_tokens:

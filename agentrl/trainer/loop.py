@@ -58,9 +58,7 @@ from agentrl.agent_loop.rewards import reward_failed
 from agentrl.agent_loop.versions import as_version
 from agentrl.config import save_config, to_dict
 from agentrl.console import quiet_third_party
-from agentrl.errors import InfraFailureError, WeightSyncError, WeightSyncTimeoutError, one_line
-from agentrl.inference.base import EngineError
-from agentrl.inference.weight_broadcast import BroadcastError
+from agentrl.errors import InfraFailureError, WeightSyncError
 from agentrl.trainer.algos import (
     AdvantageInputs,
     apply_kl_in_reward,
@@ -99,7 +97,7 @@ from agentrl.trainer.metrics import (
 from agentrl.trainer.resume import FINAL_MODEL_DIR, RECORDED_PATHS, mark_complete, plan_start, prepare_run_dir
 from agentrl.trainer.staleness import filter_stale_groups, staleness_metrics
 from agentrl.trainer.stops import InfraLimits, InfraWatch, log_failure, log_line, resume_hint
-from agentrl.trainer.weight_sync import broadcast_weights, foreign_weight_labels, sync_weights, write_hf_checkpoint
+from agentrl.trainer.weight_sync import foreign_weight_labels, push_weights, write_hf_checkpoint
 from agentrl.types import Episode, Task
 
 if TYPE_CHECKING:
@@ -380,36 +378,6 @@ async def step_phases(step: int, cfg: TrainConfig, timing: dict[str, float], *, 
 TRAINER_TIMINGS = ("timing/old_logprob_s", "timing/ref_logprob_s", "timing/values_s", "timing/critic_update_s",
                    "timing/update_s")
 TRUNCATED = "length"  # Episode.finish_reason of a response cut by a length budget
-
-
-async def push_weights(workers, engine, cfg: TrainConfig, step: int, *, during_rollout: bool = False) -> dict:
-    """`sync_weights` of the policy as version `step`, within `trainer.weight_sync_timeout_s` (else
-    WeightSyncTimeoutError). `during_rollout` (async mode): episodes are in flight and go on as
-    `rollout.on_weight_update` says, instead of the engine being idle."""
-    on_running = cfg.rollout.on_weight_update if during_rollout else None
-    timeout_s = cfg.trainer.weight_sync_timeout_s
-    if cfg.engine.backend == "sglang" and cfg.engine.weight_sync == "broadcast":
-        sync = broadcast_weights(workers, engine, step=step, token_file=cfg.engine.token_file,
-                                 bucket_mb=cfg.engine.weight_bucket_mb, flatten=cfg.engine.weight_flatten_buckets,
-                                 timeout_s=timeout_s, on_running=on_running)
-    else:
-        # shared-memory views when rank 0 runs on this host (the local engine loads them, the disk sync writes them)
-        weights = await asyncio.to_thread(workers.engine_state_dict)
-        sync = sync_weights(weights, engine, backend=cfg.engine.backend, model_path=cfg.model.path,
-                            run_dir=cfg.trainer.run_dir, step=step, on_running=on_running)
-    try:
-        return await asyncio.wait_for(sync, timeout_s)
-    except (EngineError, BroadcastError) as e:
-        raise WeightSyncError(
-            f"pushing step {step}'s weights to the engine (engine.backend {cfg.engine.backend}, weight_sync "
-            f"{cfg.engine.weight_sync}) failed: {one_line(e)}; the step's update is saved, rerunning the command "
-            "resumes after it once the engine is back") from e
-    except TimeoutError as e:
-        raise WeightSyncTimeoutError(
-            f"pushing step {step}'s weights to the engine (engine.backend {cfg.engine.backend}) took longer than "
-            f"trainer.weight_sync_timeout_s={cfg.trainer.weight_sync_timeout_s:g}: check that the engine is up and "
-            "not stuck (its log), or raise the timeout for a large model; the step's update is saved, rerunning "
-            "the command resumes after it") from e
 
 
 def serving_version(engine) -> int | None:
@@ -734,7 +702,7 @@ async def run(cfg: TrainConfig) -> dict[str, float]:
             elif labels := await foreign_weight_labels(engine, cfg):
                 print(f"the engine's servers serve weight versions {labels} pushed before this run: pushing the "
                       "run's initial weights (version 0) first", flush=True)
-                await push_weights(workers, engine, cfg, 0)
+                await push_weights(workers, engine, cfg, 0, merged=True)  # the base weights, adapters or not
             if val_tasks and cfg.trainer.test_freq and start.step == 0:
                 logger.log(0, await validate(val_rollout, val_tasks, 0))
             metrics: dict[str, float] = {}

@@ -28,7 +28,10 @@ from pathlib import Path
 
 import torch
 
+from agentrl.errors import WeightSyncError, WeightSyncTimeoutError, one_line
 from agentrl.files import make_readable
+from agentrl.inference.base import EngineError
+from agentrl.inference.weight_broadcast import BroadcastError
 
 # Files an HF model directory needs besides the weights.
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -241,6 +244,61 @@ async def broadcast_weights(workers, engine, *, step: int, token_file: str | Non
     return {**metrics, "timing/weight_push_s": time.perf_counter() - t0}
 
 
+async def sync_adapter(workers, engine, *, run_dir: str | Path, step: int,
+                       on_running: str | None = None) -> dict[str, float]:
+    """`engine.lora_sync: adapter`: rank 0 writes the policy's LoRA adapter (peft's format) under
+    `run_dir`/weights/adapter_step_N (where the disk sync writes, so servers locked to `--weights-dir
+    RUN_DIR/weights` read it) and every SGLang server loads it as weight version `step`
+    (`lora_sync.push_adapter`); only the adapter crosses. The servers must read `run_dir` (one host, or a shared
+    filesystem). `on_running` as in `sync_weights`."""
+    from agentrl.trainer.lora_sync import push_adapter
+
+    t0 = time.perf_counter()
+    root = Path(run_dir) / "weights"
+    path = await asyncio.to_thread(workers.save_adapter, root / f"adapter_step_{step:06d}")
+    written = time.perf_counter() - t0
+    metrics = await push_adapter(engine, path, version=step, on_running=on_running)
+    for old in root.glob("adapter_step_*"):  # the servers unloaded the previous adapter: only this one is read
+        if old != path:
+            shutil.rmtree(old, ignore_errors=True)
+    return {**metrics, "timing/weight_write_s": written}
+
+
+async def push_weights(workers, engine, cfg, step: int, *, during_rollout: bool = False, merged: bool = False) -> dict:
+    """The policy to the engine as version `step` (`cfg`: the TrainConfig), within `trainer.weight_sync_timeout_s`
+    (else WeightSyncTimeoutError): its LoRA adapter alone with `engine.lora_sync: adapter` (`sync_adapter`)
+    unless `merged`, else the weights (merged when LoRA trains) by `broadcast_weights` or `sync_weights`.
+    `during_rollout` (async mode): episodes are in flight and go on as `rollout.on_weight_update` says, instead of
+    the engine being idle."""
+    on_running = cfg.rollout.on_weight_update if during_rollout else None
+    timeout_s = cfg.trainer.weight_sync_timeout_s
+    if cfg.engine.backend == "sglang" and cfg.actor.lora is not None and cfg.engine.lora_sync == "adapter" \
+            and not merged:
+        sync = sync_adapter(workers, engine, run_dir=cfg.trainer.run_dir, step=step, on_running=on_running)
+    elif cfg.engine.backend == "sglang" and cfg.engine.weight_sync == "broadcast":
+        sync = broadcast_weights(workers, engine, step=step, token_file=cfg.engine.token_file,
+                                 bucket_mb=cfg.engine.weight_bucket_mb, flatten=cfg.engine.weight_flatten_buckets,
+                                 timeout_s=timeout_s, on_running=on_running)
+    else:
+        # shared-memory views when rank 0 runs on this host (the local engine loads them, the disk sync writes them)
+        weights = await asyncio.to_thread(workers.engine_state_dict)
+        sync = sync_weights(weights, engine, backend=cfg.engine.backend, model_path=cfg.model.path,
+                            run_dir=cfg.trainer.run_dir, step=step, on_running=on_running)
+    try:
+        return await asyncio.wait_for(sync, timeout_s)
+    except (EngineError, BroadcastError) as e:
+        raise WeightSyncError(
+            f"pushing step {step}'s weights to the engine (engine.backend {cfg.engine.backend}, weight_sync "
+            f"{cfg.engine.weight_sync}) failed: {one_line(e)}; the step's update is saved, rerunning the command "
+            "resumes after it once the engine is back") from e
+    except TimeoutError as e:
+        raise WeightSyncTimeoutError(
+            f"pushing step {step}'s weights to the engine (engine.backend {cfg.engine.backend}) took longer than "
+            f"trainer.weight_sync_timeout_s={cfg.trainer.weight_sync_timeout_s:g}: check that the engine is up and "
+            "not stuck (its log), or raise the timeout for a large model; the step's update is saved, rerunning "
+            "the command resumes after it") from e
+
+
 async def foreign_weight_labels(engine, cfg) -> list[str]:
     """At a fresh start: the labels of SGLang servers that serve weights pushed before this run (an earlier run's
     last step; anything but the "default" weights they started with), which the run's initial weights must replace
@@ -251,4 +309,4 @@ async def foreign_weight_labels(engine, cfg) -> list[str]:
 
 
 __all__ = ["HF_SIDE_FILES", "SharedStateDict", "broadcast_weights", "foreign_weight_labels", "hf_tensors",
-           "sync_weights", "write_hf_checkpoint"]
+           "push_weights", "sync_adapter", "sync_weights", "write_hf_checkpoint"]

@@ -3,7 +3,7 @@ server speaking SGLang's HTTP API), each started as a locked service would be: a
 the trainer's `engine.token_file`) and `--weights-dir RUN_DIR/weights`, so the weight sync only loads what the
 trainer saves there. Every step is recorded once, both servers sample episodes, and after the run each server
 serves the last step's weights, labelled with its number, sampling what the trainer's final policy gives; a new
-run on the same servers starts them on its own initial weights.
+run on the same servers starts them on its own initial weights. A LoRA policy travels as its adapter alone.
 
 `SYNC_MODES` names each way the weights travel to the servers; a new transport is one more entry."""
 
@@ -33,13 +33,21 @@ PROMPT = [3064, 432, 198, 52, 435, 326, 585, 446, 11, 2538]
 class SyncMode:
     config: list[str] = field(default_factory=list)  # training config overrides
     serve: list[str] = field(default_factory=list)  # extra `agentrl engine serve` flags
-    on_disk: bool = True  # the last step's weights stay under RUN_DIR/weights
+    kept: str | None = "step_{step:06d}"  # what stays under RUN_DIR/weights after step `step` (None: nothing)
+    label: str = "{step}"  # the servers' weight_version after step `step`
+    lora: bool = False  # the servers serve the policy as a LoRA adapter: requests name it
+
+    def adapter(self, step: int) -> dict:
+        return {"lora_path": f"policy-v{step}"} if self.lora else {}
 
 
 SYNC_MODES = {
     "disk": SyncMode(),  # HF checkpoint under RUN_DIR/weights, then /update_weights_from_disk on every server
     # the trainer's rank 0 (a Ray actor) broadcasts to both servers over gloo, in several buckets
-    "broadcast": SyncMode(config=["engine.weight_sync=broadcast", "engine.weight_bucket_mb=0.5"], on_disk=False),
+    "broadcast": SyncMode(config=["engine.weight_sync=broadcast", "engine.weight_bucket_mb=0.5"], kept=None),
+    # a LoRA policy: only its adapter, written under RUN_DIR/weights and loaded with /load_lora_adapter per step
+    "adapter": SyncMode(config=["actor.lora.rank=8", "engine.lora_sync=adapter", "actor.lr=1e-2"],
+                        serve=["--enable-lora"], kept="adapter_step_{step:06d}", label="policy-v{step}", lora=True),
 }
 
 
@@ -69,10 +77,10 @@ def engine_servers(model_dir, weights_dir, token_file, mode: SyncMode, n: int = 
         yield urls
 
 
-def sampled_drift(model, url: str, headers: dict) -> float:
+def sampled_drift(model, url: str, headers: dict, **request) -> float:
     """Largest |logprob| difference between what the server at `url` reports for 12 sampled tokens and what
     `model` (HF, float32) gives them."""
-    body = {"input_ids": PROMPT, "return_logprob": True,
+    body = {"input_ids": PROMPT, "return_logprob": True, **request,
             "sampling_params": {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 7}}
     out = httpx.post(f"{url}/generate", json=body, headers=headers, timeout=120).json()
     ids = out["output_ids"]
@@ -119,12 +127,14 @@ def test_training_run_over_two_locked_sglang_servers(weight_sync, ray_session, t
         initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).eval()
         for url in urls:
             info = httpx.get(f"{url}/get_server_info", headers=headers, timeout=10).json()
-            assert info["weight_version"] == str(TOTAL_STEPS)
+            assert info["weight_version"] == mode.label.format(step=TOTAL_STEPS)
             assert info["stats"]["prefills"] > 0
-            assert sampled_drift(final, url, headers) < 1e-4  # the server samples the trainer's final policy
-            assert sampled_drift(initial, url, headers) > 1e-3  # ... which is not the one it started with
+            last = mode.adapter(TOTAL_STEPS)
+            assert sampled_drift(final, url, headers, **last) < 1e-4  # the server samples the final policy
+            assert sampled_drift(initial, url, headers, **last) > 1e-3  # ... which is not the one it started with
         # only the last step's weights stay on disk (none when they were broadcast)
-        assert sorted(p.name for p in (run / "weights").iterdir()) == [f"step_{TOTAL_STEPS:06d}"] * mode.on_disk
+        kept = [] if mode.kept is None else [mode.kept.format(step=TOTAL_STEPS)]
+        assert sorted(p.name for p in (run / "weights").iterdir()) == kept
 
         # A new run on the same servers (the earlier run moved aside) first replaces the weights they serve, the
         # earlier run's last step, with its initial ones: its step 1 samples the policy it trains.
@@ -134,4 +144,5 @@ def test_training_run_over_two_locked_sglang_servers(weight_sync, ray_session, t
         (row,) = [r for r in read_metrics(run) if "actor/pg_loss" in r]
         assert row["step"] == 1 and row["drift/abs_max"] < 1e-4 and row["rollout/staleness_max"] == 0
         for url in urls:
-            assert httpx.get(f"{url}/get_model_info", headers=headers, timeout=10).json()["weight_version"] == "1"
+            info = httpx.get(f"{url}/get_model_info", headers=headers, timeout=10).json()
+            assert info["weight_version"] == mode.label.format(step=1)

@@ -12,9 +12,8 @@ from agentrl.config import load_config
 from agentrl.errors import InfraFailureError, WeightSyncTimeoutError, one_line
 from agentrl.trainer.batch import episodes_to_batch
 from agentrl.trainer.config import ActorConfig, ModelConfig, TrainConfig
-from agentrl.trainer.loop import push_weights
 from agentrl.trainer.metrics import drift_metrics
-from agentrl.trainer.weight_sync import sync_weights, write_hf_checkpoint
+from agentrl.trainer.weight_sync import push_weights, sync_weights, write_hf_checkpoint
 from agentrl.trainer.worker import WorkerGroup
 from agentrl.types import Episode, SamplingParams
 
