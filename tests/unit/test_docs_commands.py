@@ -340,7 +340,7 @@ def declared_outputs(argv: list[str], ns) -> list[str]:
     if argv[:2] == ["agentrl", "eval"]:
         return [ns.out or f"runs/eval-{ns.name or Path(ns.model).name}"]
     if argv[:2] == ["agentrl", "export"]:
-        return [argv[-1]]
+        return [ns.out]
     if argv[:2] == ["agentrl", "quickstart"] or argv[:2] == ["make", "quickstart"]:
         smoke = getattr(ns, "smoke", False)
         return [getattr(ns, "run_dir", None) or ("runs/quickstart-smoke" if smoke else "runs/quickstart")]
