@@ -305,9 +305,13 @@ class FSDPWorker:
         adapter_config.json and adapter_model.safetensors, as `PeftModel.save_pretrained` writes them."""
         if self.lora is None:
             raise ValueError("save_adapter: this model trains no LoRA adapters (actor.lora is null)")
-        sd = self._gather_state_dict()
+        from torch.distributed.tensor import DTensor
+
+        # only the adapters are gathered (each rank in the same order): the frozen weights stay in their shards
+        adapters = {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
+                    for name, p in self.model.named_parameters() if p.requires_grad}
         if self.rank == 0:
-            write_adapter(sd, self.lora, self.model_cfg.path, path)
+            write_adapter(adapters, self.lora, self.model_cfg.path, path)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Unsharded CPU state dict under the HF model's names, LoRA adapters merged (collective: every rank must
