@@ -81,7 +81,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: setup lint
-	$(BIN)/python -m pytest -q -rs tests
+	$(BIN)/python -m pytest -q -rs --durations=25 tests
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit
