@@ -58,6 +58,14 @@ def rank_threads(world_size: int) -> int:
     return max(1, usable_cores() // max(1, world_size))
 
 
+def unsharded(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2-sharded parameter or gradient, detached, on CPU (collective for a DTensor: every
+    rank must call, in the same order); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+
+
 class FSDPWorker:
     """One FSDP2 rank of a trained model; subclasses build their modules in `_build_models` and add the loss.
 
@@ -305,11 +313,8 @@ class FSDPWorker:
         adapter_config.json and adapter_model.safetensors, as `PeftModel.save_pretrained` writes them."""
         if self.lora is None:
             raise ValueError("save_adapter: this model trains no LoRA adapters (actor.lora is null)")
-        from torch.distributed.tensor import DTensor
-
-        # only the adapters are gathered (each rank in the same order): the frozen weights stay in their shards
-        adapters = {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
-                    for name, p in self.model.named_parameters() if p.requires_grad}
+        # only the adapters are gathered: the frozen weights stay in their shards
+        adapters = {name: unsharded(p) for name, p in self.model.named_parameters() if p.requires_grad}
         if self.rank == 0:
             write_adapter(adapters, self.lora, self.model_cfg.path, path)
 

@@ -33,7 +33,7 @@ from agentrl.trainer.algos import (
 )
 from agentrl.trainer.batch import materialize, mini_batches, scatter_rows, split_shared_prefixes
 from agentrl.trainer.config import ActorConfig, ModelConfig
-from agentrl.trainer.fsdp import FSDPGroup, FSDPWorker, lr_factor, rank_threads, start_ray
+from agentrl.trainer.fsdp import FSDPGroup, FSDPWorker, lr_factor, rank_threads, start_ray, unsharded
 from agentrl.trainer.lora import adapters_off, hf_model
 
 
@@ -331,8 +331,6 @@ class PolicyWorker(FSDPWorker):
                   temperature: float) -> dict[str, torch.Tensor] | None:
         """The full (unsharded) PPO gradient of one mini-batch without stepping; rank 0 returns it (debugging
         and tests: 1 vs 2 ranks, 1 vs 4 micro-batches, masked tokens)."""
-        from torch.distributed.tensor import DTensor
-
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         self._accumulate(self._ppo_loss, micro_batches, num_tokens, num_seqs, temperature, defaultdict(float))
@@ -341,7 +339,7 @@ class PolicyWorker(FSDPWorker):
             if not p.requires_grad:  # LoRA: the frozen weights
                 continue
             g = p.grad if p.grad is not None else torch.zeros_like(p)
-            grads[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().cpu()
+            grads[name] = unsharded(g)
         self.optimizer.zero_grad(set_to_none=True)
         return grads if self.rank == 0 else None
 
