@@ -84,7 +84,8 @@ async def test_batch_request_and_error_shapes(server):
             assert all(isinstance(e[0], float) and isinstance(e[2], str) for e in meta["output_token_logprobs"])
             assert meta["prompt_tokens"] in (3, 5) and isinstance(it["text"], str)
         # text input, single item -> single object
-        r = await http.post("/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 2}})
+        r = await http.post("/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 2,
+                                                                                  "ignore_eos": True}})
         assert r.status_code == 200 and len(r.json()["output_ids"]) == 2
         bad = [
             ({"input_ids": []}, "input_ids"),

@@ -398,7 +398,7 @@ async def test_serve_accepts_every_sglang_generate_field_at_its_default(sgl, ser
     assert REQUIRED not in dataclass.values()
     body = dataclass | defaults(sgl.api.GenerateRequest) | {
         "input_ids": [5, 6, 7], "return_logprob": True,
-        "sampling_params": defaults(sgl.api.SamplingParams) | {"max_new_tokens": 2}}
+        "sampling_params": defaults(sgl.api.SamplingParams) | {"max_new_tokens": 2, "ignore_eos": True}}
     sgl.api.GenerateRequest.from_json_value(body)  # a body real SGLang admits
     r = await serve.post("/generate", json=body)
     assert r.status_code == 200, r.text
